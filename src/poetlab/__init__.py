@@ -1,0 +1,41 @@
+"""poetlab: a reproduction kit for POET (Patil et al., ICML 2022) and its neighbours.
+
+The flow: a :class:`Platform` and a :class:`TrainingGraph` give a :class:`CostModel`; planners turn
+those and budgets into schedules; a simulator checks and costs every schedule.
+"""
+
+from poetlab.costs import CostModel
+from poetlab.errors import (
+    GraphFileError,
+    InvalidArgumentError,
+    OutputError,
+    PlatformSpecError,
+    PoetlabError,
+    UnknownNameError,
+)
+from poetlab.graph import Node, TrainingGraph
+from poetlab.paper_models import PAPER_MODELS, build_paper_graph
+from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
+from poetlab.summary import GraphSummary, summarize_graph
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PAPER_MODELS",
+    "CostModel",
+    "GraphFileError",
+    "GraphSummary",
+    "InvalidArgumentError",
+    "Node",
+    "OutputError",
+    "Platform",
+    "PlatformSpecError",
+    "PoetlabError",
+    "TrainingGraph",
+    "UnknownNameError",
+    "available_platforms",
+    "build_paper_graph",
+    "load_platform",
+    "load_platform_file",
+    "summarize_graph",
+]

@@ -1,0 +1,7 @@
+"""``python -m poetlab`` is the ``poetlab`` command."""
+
+import sys
+
+from poetlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""Small file helpers shared by the modules that write outputs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from poetlab.errors import OutputError
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename.
+
+    An interrupted run or a full disk leaves either the old file or the new one, never half of one.
+    """
+    path = Path(path)
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        reason = exc.strerror or str(exc)
+        raise OutputError(f"cannot write {path}: {reason}; free some space or choose another path") from exc
+    except BaseException:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: object) -> Path:
+    """Write ``data`` as indented JSON (keys sorted, so reruns give the same bytes), atomically."""
+    import json
+
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

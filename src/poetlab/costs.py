@@ -1,0 +1,72 @@
+"""Per-node costs of a training graph on a platform.
+
+The paper's cost model is a flop model: a node's runtime is ``flop / flops_per_s``, its compute energy
+``flop / flop_per_j``, and moving its output to or from flash costs ``latency + bytes / throughput``
+seconds at the platform's memory power. Planners read only this :class:`CostModel`, so a profiled
+cost model (measured per-node times) can stand in for the flop model without touching them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from poetlab.graph import TrainingGraph
+from poetlab.platforms import Platform
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Per-node costs, each a read-only float64 array indexed like the graph's nodes."""
+
+    platform: str
+    runtime_s: np.ndarray
+    compute_energy_j: np.ndarray
+    pagein_time_s: np.ndarray
+    pageout_time_s: np.ndarray
+    pagein_energy_j: np.ndarray
+    pageout_energy_j: np.ndarray
+
+    def __post_init__(self) -> None:
+        sizes = set()
+        for name in ("runtime_s", "compute_energy_j", "pagein_time_s", "pageout_time_s", "pagein_energy_j", "pageout_energy_j"):
+            array = np.array(getattr(self, name), dtype=np.float64)
+            if array.ndim != 1 or not np.all(np.isfinite(array)) or np.any(array < 0):
+                raise ValueError(f"cost array {name} must be one-dimensional, finite and non-negative")
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+            sizes.add(array.shape[0])
+        if len(sizes) != 1:
+            raise ValueError("all cost arrays must have one entry per node")
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.runtime_s.shape[0])
+
+    @property
+    def plain_step_runtime_s(self) -> float:
+        """Runtime of one step that computes every node once, with no recomputation or paging."""
+        return float(self.runtime_s.sum())
+
+    @property
+    def plain_step_energy_j(self) -> float:
+        """Compute energy of one step that computes every node once."""
+        return float(self.compute_energy_j.sum())
+
+    @classmethod
+    def from_flops(cls, graph: TrainingGraph, platform: Platform) -> CostModel:
+        """The paper's flop cost model of ``graph`` on ``platform``."""
+        flop = graph.flop
+        nbytes = graph.output_bytes.astype(np.float64)
+        pagein_time = platform.pagein_latency_s + nbytes / platform.pagein_throughput_bytes_per_s
+        pageout_time = platform.pageout_latency_s + nbytes / platform.pageout_throughput_bytes_per_s
+        return cls(
+            platform=platform.name,
+            runtime_s=flop / platform.flops_per_s,
+            compute_energy_j=flop / platform.flop_per_j,
+            pagein_time_s=pagein_time,
+            pageout_time_s=pageout_time,
+            pagein_energy_j=pagein_time * platform.memory_power_w,
+            pageout_energy_j=pageout_time * platform.memory_power_w,
+        )

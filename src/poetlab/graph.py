@@ -1,0 +1,197 @@
+"""The training graph: the forward and backward nodes of one training step, in topological order.
+
+Every planner (the POET MILP, the baselines, the techniques) reads the same graph: node ``i`` produces
+one tensor of ``output_bytes`` bytes with ``flop`` floating-point operations and reads the outputs of
+the nodes in ``inputs``. Nodes are stored in a topological order (every input comes earlier), so the
+node index doubles as the stage index of the MILP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from poetlab._io import write_text_atomic
+from poetlab.errors import GraphFileError, InvalidArgumentError
+
+GRAPH_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation of a training step and the tensor it produces.
+
+    ``inputs`` lists the indices of the nodes whose outputs this node reads, in the order it reads
+    them; an index may repeat (the release's first gradient node reads the loss twice), which is why
+    :attr:`TrainingGraph.n_edges` counts references and :attr:`TrainingGraph.n_unique_edges` pairs.
+    """
+
+    name: str
+    kind: str
+    inputs: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    output_bytes: int
+    flop: float
+    param_bytes: int = 0
+    is_backward: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(int(i) for i in self.inputs))
+        object.__setattr__(self, "output_shape", tuple(int(s) for s in self.output_shape))
+
+
+@dataclass(frozen=True)
+class TrainingGraph:
+    """A training step as a DAG of :class:`Node` in topological order."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    metadata: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes:
+            raise InvalidArgumentError(f"training graph {self.name!r} has no nodes")
+        names = set()
+        for index, node in enumerate(self.nodes):
+            if node.name in names:
+                raise InvalidArgumentError(f"training graph {self.name!r}: duplicate node name {node.name!r}")
+            names.add(node.name)
+            for dep in node.inputs:
+                if not 0 <= dep < index:
+                    raise InvalidArgumentError(
+                        f"training graph {self.name!r}: node {index} ({node.name}) reads node {dep}, "
+                        "which does not come before it; nodes must be in topological order"
+                    )
+            if node.output_bytes < 0 or node.flop < 0 or node.param_bytes < 0:
+                raise InvalidArgumentError(f"training graph {self.name!r}: node {node.name} has a negative size or flop count")
+
+    # ---- sizes -------------------------------------------------------------------------------
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_edges(self) -> int:
+        """Input references, counting a repeated input once per reference (the release's count)."""
+        return sum(len(node.inputs) for node in self.nodes)
+
+    @property
+    def n_unique_edges(self) -> int:
+        return len(self.edges)
+
+    @cached_property
+    def edges(self) -> tuple[tuple[int, int], ...]:
+        """Distinct (producer, consumer) pairs, sorted by consumer then producer."""
+        return tuple((dep, i) for i, node in enumerate(self.nodes) for dep in sorted(set(node.inputs)))
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """For each node, the nodes that read its output, in increasing order."""
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for producer, consumer in self.edges:
+            users[producer].append(consumer)
+        return tuple(tuple(u) for u in users)
+
+    @property
+    def forward_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, node in enumerate(self.nodes) if not node.is_backward)
+
+    @property
+    def backward_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, node in enumerate(self.nodes) if node.is_backward)
+
+    # ---- arrays for planners ------------------------------------------------------------------
+    @cached_property
+    def output_bytes(self) -> np.ndarray:
+        """Output bytes of every node, as a read-only int64 array."""
+        return _readonly(np.array([node.output_bytes for node in self.nodes], dtype=np.int64))
+
+    @cached_property
+    def flop(self) -> np.ndarray:
+        """Flop count of every node, as a read-only float64 array."""
+        return _readonly(np.array([node.flop for node in self.nodes], dtype=np.float64))
+
+    @property
+    def forward_bytes(self) -> int:
+        """Sum of the forward nodes' output bytes (the paper's "forward RAM")."""
+        return sum(node.output_bytes for node in self.nodes if not node.is_backward)
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(node.param_bytes for node in self.nodes)
+
+    # ---- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "format": "poetlab.TrainingGraph",
+            "version": GRAPH_FORMAT_VERSION,
+            "name": self.name,
+            "metadata": dict(self.metadata),
+            "nodes": [
+                {**asdict(node), "inputs": list(node.inputs), "output_shape": list(node.output_shape)}
+                for node in self.nodes
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: object, origin: str = "graph") -> TrainingGraph:
+        if not isinstance(data, dict) or data.get("format") != "poetlab.TrainingGraph":
+            raise GraphFileError(f"{origin}: not a poetlab training graph (missing format: poetlab.TrainingGraph)")
+        if data.get("version") != GRAPH_FORMAT_VERSION:
+            raise GraphFileError(
+                f"{origin}: graph format version {data.get('version')!r} is not supported (expected {GRAPH_FORMAT_VERSION}); "
+                "rebuild the graph with this poetlab"
+            )
+        try:
+            nodes = tuple(
+                Node(
+                    name=str(n["name"]),
+                    kind=str(n["kind"]),
+                    inputs=tuple(n["inputs"]),
+                    output_shape=tuple(n["output_shape"]),
+                    output_bytes=int(n["output_bytes"]),
+                    flop=n["flop"],
+                    param_bytes=int(n.get("param_bytes", 0)),
+                    is_backward=bool(n.get("is_backward", False)),
+                )
+                for n in data["nodes"]
+            )
+            return cls(name=str(data["name"]), nodes=nodes, metadata=dict(data.get("metadata", {})))
+        except (KeyError, TypeError, ValueError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise GraphFileError(f"{origin}: invalid training graph: {detail}") from None
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "graph") -> TrainingGraph:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise GraphFileError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_dict(data, origin)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the graph as JSON, atomically."""
+        return write_text_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TrainingGraph:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise GraphFileError(f"{path}: cannot read the graph file ({exc})") from None
+        return cls.from_json(text, str(path))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array

@@ -1,0 +1,243 @@
+"""Platforms: the coefficients of a device, loaded and validated from YAML.
+
+A platform file (``data/platforms/<name>.yaml``) gives each coefficient as a mapping with a ``value``,
+its ``unit`` and its ``source``. A value may be a plain number or an arithmetic expression over numbers
+(``2000 / (0.012 * 0.020 * 3.3)``): the release writes its coefficients as such expressions, and keeping
+them lets us evaluate exactly the same floating-point operations, so that our costs match the
+release's to the last bit, while a reader sees where each number comes from.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from poetlab.errors import PlatformSpecError, UnknownNameError
+
+#: The unit every coefficient must declare; the loader refuses a file that says otherwise.
+COEFFICIENT_UNITS: Mapping[str, str] = MappingProxyType(
+    {
+        "flops_per_s": "flop/s",
+        "flop_per_j": "flop/J",
+        "pagein_latency_s": "s",
+        "pagein_throughput_bytes_per_s": "B/s",
+        "pageout_latency_s": "s",
+        "pageout_throughput_bytes_per_s": "B/s",
+        "memory_power_w": "W",
+        "compute_power_w": "W",
+        "ram_bytes": "B",
+    }
+)
+#: Coefficients a platform may leave out.
+OPTIONAL_COEFFICIENTS = frozenset({"ram_bytes"})
+_TOP_LEVEL_KEYS = frozenset({"name", "description", "coefficients", "notes"})
+_COEFFICIENT_KEYS = frozenset({"value", "unit", "source"})
+PLATFORM_DIR_ENV = "POETLAB_PLATFORM_DIR"
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The cost coefficients of one device, in SI units.
+
+    ``flops_per_s`` sets runtimes and ``flop_per_j`` compute energies; they are separate because the
+    release derives them from different measurements on some devices (on the A72, runtime uses 2 GFLOP/s
+    while energy uses the measured 120 MFLOP/s benchmark). ``compute_power_w`` is documentation of how
+    ``flop_per_j`` was derived; ``ram_bytes`` is the device's memory, where known.
+    """
+
+    name: str
+    description: str
+    flops_per_s: float
+    flop_per_j: float
+    pagein_latency_s: float
+    pagein_throughput_bytes_per_s: float
+    pageout_latency_s: float
+    pageout_throughput_bytes_per_s: float
+    memory_power_w: float
+    compute_power_w: float
+    ram_bytes: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    path: Path | None = field(default=None, compare=False)
+
+    def pagein_time_s(self, nbytes: float) -> float:
+        """Seconds to read ``nbytes`` back from flash (latency + size / throughput)."""
+        return self.pagein_latency_s + nbytes / self.pagein_throughput_bytes_per_s
+
+    def pageout_time_s(self, nbytes: float) -> float:
+        """Seconds to write ``nbytes`` out to flash."""
+        return self.pageout_latency_s + nbytes / self.pageout_throughput_bytes_per_s
+
+
+_OPERATORS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def evaluate_number(expression: str | int | float) -> float:
+    """Evaluate a number or an arithmetic expression of numbers (+ - * / ** and parentheses).
+
+    Nothing else is allowed (no names, no calls), so a platform file cannot run code.
+    """
+    if isinstance(expression, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(expression, int | float):
+        return float(expression)
+    if not isinstance(expression, str):
+        raise ValueError(f"expected a number or an arithmetic expression, got {type(expression).__name__}")
+
+    def walk(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](walk(node.operand))
+        raise ValueError(f"only numbers and + - * / ** are allowed, found {ast.dump(node)[:40]}")
+
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"{expression!r} is not an arithmetic expression") from exc
+    try:
+        return float(walk(tree))
+    except ZeroDivisionError as exc:
+        raise ValueError(f"{expression!r} divides by zero") from exc
+
+
+def platform_from_mapping(spec: Any, origin: str) -> Platform:
+    """Build a :class:`Platform` from the parsed YAML ``spec``; ``origin`` names it in errors."""
+
+    def fail(problem: str) -> PlatformSpecError:
+        return PlatformSpecError(f"{origin}: {problem}")
+
+    if not isinstance(spec, Mapping):
+        raise fail("expected a mapping with keys name, description, coefficients")
+    unknown = set(spec) - _TOP_LEVEL_KEYS
+    if unknown:
+        raise fail(f"unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}")
+    for key in ("name", "description", "coefficients"):
+        if key not in spec:
+            raise fail(f"missing field {key!r}")
+    name, description = spec["name"], spec["description"]
+    if not isinstance(name, str) or not name.isidentifier():
+        raise fail(f"field 'name' must be a short identifier, got {name!r}")
+    if not isinstance(description, str):
+        raise fail("field 'description' must be text")
+    coefficients = spec["coefficients"]
+    if not isinstance(coefficients, Mapping):
+        raise fail("field 'coefficients' must be a mapping of coefficient name to {value, unit, source}")
+    unknown = set(coefficients) - set(COEFFICIENT_UNITS)
+    if unknown:
+        raise fail(f"unknown coefficient {sorted(unknown)[0]!r}; known: {', '.join(COEFFICIENT_UNITS)}")
+
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    for key, unit in COEFFICIENT_UNITS.items():
+        where = f"coefficients.{key}"
+        if key not in coefficients:
+            if key in OPTIONAL_COEFFICIENTS:
+                continue
+            raise fail(f"missing field {where!r}")
+        entry = coefficients[key]
+        if not isinstance(entry, Mapping):
+            raise fail(f"field {where!r} must be a mapping with value, unit and source")
+        extra = set(entry) - _COEFFICIENT_KEYS
+        if extra:
+            raise fail(f"unknown key {where}.{sorted(extra)[0]}; allowed: value, unit, source")
+        for part in ("value", "unit", "source"):
+            if part not in entry:
+                raise fail(f"missing field '{where}.{part}'")
+        if entry["unit"] != unit:
+            raise fail(f"field {where!r} must be in {unit!r}, the file says {entry['unit']!r}")
+        if not isinstance(entry["source"], str) or not entry["source"].strip():
+            raise fail(f"field '{where}.source' must say where the number comes from")
+        try:
+            value = evaluate_number(entry["value"])
+        except ValueError as exc:
+            raise fail(f"field '{where}.value': {exc}") from None
+        if not value > 0 or value == float("inf"):
+            raise fail(f"field '{where}.value' must be a positive finite number, got {value!r}")
+        values[key] = value
+        sources[key] = entry["source"]
+    return Platform(
+        name=name,
+        description=description,
+        sources=MappingProxyType(sources),
+        path=None,
+        **values,
+    )
+
+
+def load_platform_file(path: str | os.PathLike[str]) -> Platform:
+    """Load and validate one platform YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlatformSpecError(f"{path}: no such platform file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlatformSpecError(f"{path}: cannot read the file ({exc})") from None
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise PlatformSpecError(f"{path}: invalid YAML{at}: {problem}") from None
+    platform = platform_from_mapping(spec, str(path))
+    if platform.name != path.stem:
+        raise PlatformSpecError(f"{path}: field 'name' is {platform.name!r} but the file is named {path.stem!r}")
+    return _with_path(platform, path)
+
+
+def _with_path(platform: Platform, path: Path) -> Platform:
+    values = {f.name: getattr(platform, f.name) for f in fields(platform)}
+    values["path"] = path
+    return Platform(**values)
+
+
+def default_platform_dir() -> Path:
+    """Where the tracked platform files are: ``$POETLAB_PLATFORM_DIR`` or the checkout's ``data/platforms``."""
+    env = os.environ.get(PLATFORM_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "data" / "platforms"
+
+
+def available_platforms(platform_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """Names of the platform files in ``platform_dir`` (default: :func:`default_platform_dir`)."""
+    directory = Path(platform_dir) if platform_dir is not None else default_platform_dir()
+    if not directory.is_dir():
+        raise PlatformSpecError(
+            f"platform directory {directory} not found; run from a poetlab checkout or set {PLATFORM_DIR_ENV}"
+        )
+    return tuple(sorted(p.stem for p in directory.glob("*.yaml")))
+
+
+def load_platform(name_or_path: str | os.PathLike[str], platform_dir: str | os.PathLike[str] | None = None) -> Platform:
+    """Load a platform by name (``a72``) from the platform directory, or from a YAML file path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in {".yaml", ".yml"}:
+        return load_platform_file(candidate)
+    name = str(name_or_path)
+    names = available_platforms(platform_dir)
+    if name not in names:
+        raise UnknownNameError("platform", name, names)
+    directory = Path(platform_dir) if platform_dir is not None else default_platform_dir()
+    return load_platform_file(directory / f"{name}.yaml")

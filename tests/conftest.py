@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLATFORM_DIR = REPO / "data" / "platforms"
+
+
+@pytest.fixture
+def run_cli():
+    """Run the real ``poetlab`` command in a subprocess; returns the CompletedProcess."""
+
+    def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "poetlab", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        )
+
+    return run

@@ -1,0 +1,77 @@
+"""TrainingGraph invariants and its JSON round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from poetlab import TrainingGraph, build_paper_graph
+from poetlab.errors import GraphFileError, InvalidArgumentError, OutputError
+from poetlab.graph import Node
+
+
+@pytest.mark.parametrize("model", ["linear", "resnet18_cifar", "transformer"])
+def test_json_round_trip(tmp_path, model):
+    graph = build_paper_graph(model, batch_size=1)
+    path = graph.save(tmp_path / "sub" / f"{model}.json")
+    loaded = TrainingGraph.load(path)
+    assert loaded == graph
+    assert loaded.metadata == graph.metadata
+    assert loaded.to_json() == graph.to_json()
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_edges_and_consumers():
+    graph = build_paper_graph("linear")
+    assert graph.n_edges == 52 and len(graph.edges) == 51
+    for producer, consumer in graph.edges:
+        assert producer in graph.nodes[consumer].inputs
+        assert consumer in graph.consumers[producer]
+    assert graph.consumers[graph.n_nodes - 1] == ()
+
+
+def _node(name, inputs, nbytes=4):
+    return Node(name=name, kind="op", inputs=inputs, output_shape=(nbytes // 4,), output_bytes=nbytes, flop=1)
+
+
+def test_invariants_are_enforced():
+    with pytest.raises(InvalidArgumentError, match="topological order"):
+        TrainingGraph("g", (_node("a", ()), _node("b", (2,)), _node("c", (0,))))
+    with pytest.raises(InvalidArgumentError, match="duplicate node name"):
+        TrainingGraph("g", (_node("a", ()), _node("a", (0,))))
+    with pytest.raises(InvalidArgumentError, match="no nodes"):
+        TrainingGraph("g", ())
+
+
+def test_corrupt_graph_files(tmp_path):
+    graph = build_paper_graph("linear")
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text(graph.to_json()[:100])
+    with pytest.raises(GraphFileError, match="bad.json: not valid JSON"):
+        TrainingGraph.load(bad_json)
+    data = graph.to_dict()
+    data["nodes"][3]["inputs"] = [10]
+    wrong_order = tmp_path / "order.json"
+    wrong_order.write_text(json.dumps(data))
+    with pytest.raises(GraphFileError, match="order.json: invalid training graph: .*topological order"):
+        TrainingGraph.load(wrong_order)
+    data = graph.to_dict()
+    del data["nodes"][0]["output_bytes"]
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps(data))
+    with pytest.raises(GraphFileError, match="missing field 'output_bytes'"):
+        TrainingGraph.load(missing)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(GraphFileError, match="not a poetlab training graph"):
+        TrainingGraph.load(other)
+    with pytest.raises(GraphFileError, match="cannot read"):
+        TrainingGraph.load(tmp_path / "absent.json")
+
+
+def test_unwritable_output_is_one_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OutputError, match="cannot write .*choose another path"):
+        build_paper_graph("linear").save(blocker / "graph.json")
