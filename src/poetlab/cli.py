@@ -21,6 +21,7 @@ from poetlab.platforms import available_platforms, load_platform
 from poetlab.summary import summarize_graph
 
 EXIT_USAGE = 2
+EXIT_NO_SCHEDULE = 1  # `solve` found no schedule (infeasible, or nothing within the time limit)
 log = logging.getLogger("poetlab")
 
 
@@ -73,6 +74,59 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_solve(args: argparse.Namespace) -> int:
+    from poetlab.solve import solve  # the solver stack is imported only by the commands that use it
+
+    platform = load_platform(args.platform, args.platform_dir)
+    graph = build_paper_graph(args.model, args.batch_size)
+    costs = CostModel.from_flops(graph, platform)
+    result = solve(
+        graph,
+        costs,
+        args.ram_budget,
+        args.runtime_budget,
+        paging=not args.no_paging,
+        remat=not args.no_remat,
+        count_paging_time=args.count_paging_time,
+        charge_pagein=args.charge_pagein,
+        params_in_budget=args.params_in_budget,
+        solver=args.solver,
+        time_limit_s=args.time_limit,
+        mip_gap=args.mip_gap,
+        threads=args.threads,
+        verbose=args.verbose,
+    )
+    if args.plot and result.schedule is not None:
+        from poetlab.plotting import save_figure, schedule_figure
+
+        title = f"{args.model} on {args.platform}: {result.status}, {result.energy_j:.6g} J"
+        save_figure(schedule_figure(result.schedule, result.simulation, args.ram_budget, title), args.plot)
+    if args.json:
+        print(json.dumps({"model": args.model, "platform": platform.name, **result.to_dict()}, indent=2))
+    elif result.schedule is None:
+        print(f"{result.status}: {result.message}")
+    else:
+        print(
+            f"POET {result.status} ({result.solver}, {result.solve_time_s:.2f} s): {result.energy_j:.10g} J "
+            f"= {result.compute_energy_j:.10g} J compute + {result.pagein_energy_j + result.pageout_energy_j:.6g} J paging; "
+            f"peak {result.peak_ram_bytes:,} of {int(args.ram_budget):,} bytes; runtime {result.runtime_s:.6g} s; "
+            f"{result.n_recomputes} recomputes, {result.n_pageouts} page-outs; gap {result.mip_gap:.2e}"
+        )
+        if result.status != "optimal":
+            print(result.message)
+    return 0 if result.schedule is not None else EXIT_NO_SCHEDULE
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _cmd_platforms(args: argparse.Namespace) -> int:
     for name in available_platforms(args.platform_dir):
         platform = load_platform(name, args.platform_dir)
@@ -99,6 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--json", action="store_true", help="print one JSON object")
     graph.add_argument("--output", default=None, metavar="FILE", help="also write the training graph as JSON to FILE")
     graph.set_defaults(run=_cmd_graph)
+
+    solve = commands.add_parser("solve", help="the minimum-energy remat + paging schedule within the budgets (the POET MILP)")
+    solve.add_argument("--model", required=True, help="paper model name (see `poetlab models`)")
+    _add_platform_args(solve)
+    solve.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+    solve.add_argument("--ram-budget", type=_positive_float, required=True, metavar="BYTES", help="RAM budget in bytes")
+    solve.add_argument("--runtime-budget", type=float, default=None, metavar="FACTOR", help="runtime budget as a factor (>= 1) of one plain step; none by default")
+    solve.add_argument("--no-paging", action="store_true", help="forbid paging (Checkmate's remat-only problem)")
+    solve.add_argument("--no-remat", action="store_true", help="forbid recomputation (paging only)")
+    solve.add_argument("--count-paging-time", action="store_true", help="fix: count paging time in the runtime budget")
+    solve.add_argument("--charge-pagein", action="store_true", help="fix: a tensor being paged in holds RAM during its stage (prefetch)")
+    solve.add_argument("--params-in-budget", action="store_true", help="fix: parameters and gradients count against the RAM budget")
+    solve.add_argument("--solver", default="auto", help="auto (Gurobi when its license covers the model, else HiGHS), highs or gurobi")
+    solve.add_argument("--time-limit", type=_positive_float, default=600.0, metavar="S", help="solver time limit in seconds (default 600)")
+    solve.add_argument("--mip-gap", type=float, default=1e-4, metavar="G", help="relative MIP gap to stop at (default 1e-4)")
+    solve.add_argument("--threads", type=_positive_int, default=None, metavar="N", help="solver threads (default: the solver's choice)")
+    solve.add_argument("--json", action="store_true", help="print one JSON object")
+    solve.add_argument("--plot", default=None, metavar="FILE", help="draw R, S_RAM, S_SSD and the memory trace to FILE (.png, .pdf, .svg)")
+    solve.set_defaults(run=_cmd_solve)
 
     platforms = commands.add_parser("platforms", help="list the platforms")
     platforms.add_argument("--platform-dir", default=None, help="directory of platform YAML files")

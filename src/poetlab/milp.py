@@ -1,0 +1,282 @@
+"""POET's mixed-integer program, built once as sparse matrices.
+
+Checkmate's frontier-advancing formulation extended with paging, as in the POET release (see
+``../shared/reference/poet-cost-model.md``). Stage t must compute node t; in stage t a node may be
+(re)computed (R), kept in RAM from the previous stage (S_RAM), kept on flash (S_SSD), paged in (M_IN) or
+out (M_OUT); FREE marks the point after which an input is no longer held, and U the RAM in use after
+each computation of a stage, bounded by the budget. The objective is energy.
+
+Only variables that can be non-zero are created (nothing is computed, kept or paged ahead of its stage),
+and every constraint family is built from numpy index arrays, so building a 300-node graph takes a
+fraction of a second. The solver backends (:mod:`poetlab.solvers`) take the resulting
+:class:`MilpModel` as plain arrays.
+
+Faithful mode reproduces the release's formulation; the named options fix its quirks:
+
+- ``count_paging_time``: paging time counts in the runtime budget (the release counts compute only);
+- ``charge_pagein``: a tensor paged in during a stage holds RAM during that stage (the release does not
+  charge it; with this option page-ins are prefetched at the start of the stage, overlapping compute);
+- ``params_in_budget``: parameters and their gradients are charged to the budget (the release keeps them
+  outside).
+
+One deliberate difference from the release in every mode: the release's memory recurrence iterates over
+its edge list with a duplicate (its first gradient node reads the loss twice), so it frees the loss's
+bytes twice and can undercount RAM by that tensor's size; we free each tensor once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from poetlab.costs import CostModel
+from poetlab.graph import TrainingGraph
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    """What the MILP may do and the budgets it must meet.
+
+    ``ram_budget_bytes`` bounds RAM for activations (and, with ``params_in_budget``, parameters and
+    gradients too); ``runtime_budget_factor`` bounds runtime as a multiple of one plain step.
+    """
+
+    ram_budget_bytes: float
+    runtime_budget_factor: float | None = None
+    paging: bool = True
+    remat: bool = True
+    count_paging_time: bool = False
+    charge_pagein: bool = False
+    params_in_budget: bool = False
+
+    @property
+    def faithful(self) -> bool:
+        return not (self.count_paging_time or self.charge_pagein or self.params_in_budget)
+
+
+@dataclass(frozen=True)
+class MilpModel:
+    """min c @ x  s.t.  row_lower <= A @ x <= row_upper,  col_lower <= x <= col_upper,  x[integer] integral.
+
+    ``index`` maps each T x T variable family (R, S_RAM, S_SSD, M_IN, M_OUT) to a T x T array of column
+    indices, -1 where the variable does not exist (is fixed to zero).
+    """
+
+    c: np.ndarray
+    A: sp.csr_matrix
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integer: np.ndarray
+    index: dict[str, np.ndarray] = field(repr=False)
+    fixed_bytes: int = 0
+    runtime_budget_s: float | None = None
+
+    @property
+    def n_cols(self) -> int:
+        return int(self.c.shape[0])
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.A.shape[0])
+
+    def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The T x T boolean matrices of a solution vector (values rounded at 0.5)."""
+        out = {}
+        for name, idx in self.index.items():
+            matrix = np.zeros(idx.shape, dtype=bool)
+            exists = idx >= 0
+            matrix[exists] = np.asarray(x)[idx[exists]] > 0.5
+            out[name] = matrix
+        return out
+
+
+class _Columns:
+    def __init__(self) -> None:
+        self.n = 0
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.integer: list[np.ndarray] = []
+        self.cost: list[np.ndarray] = []
+
+    def add(self, mask: np.ndarray, lower: float | np.ndarray, upper: float | np.ndarray, integer: bool, cost: np.ndarray | float = 0.0) -> np.ndarray:
+        """Create one column per True of ``mask``; return an array of ``mask``'s shape with the column
+        indices and -1 elsewhere. ``cost`` broadcasts against ``mask``."""
+        index = np.full(mask.shape, -1, dtype=np.int64)
+        count = int(mask.sum())
+        index[mask] = np.arange(self.n, self.n + count)
+        self.n += count
+        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=float), mask.shape)[mask])
+        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=float), mask.shape)[mask])
+        self.integer.append(np.full(count, integer))
+        self.cost.append(np.broadcast_to(np.asarray(cost, dtype=float), mask.shape)[mask])
+        return index
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.n = 0
+        self.lower: list[np.ndarray] = []
+        self.upper: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+
+    def new(self, count: int, lower: float | np.ndarray, upper: float | np.ndarray) -> np.ndarray:
+        ids = np.arange(self.n, self.n + count)
+        self.n += count
+        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=float), (count,)).copy())
+        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=float), (count,)).copy())
+        return ids
+
+    def terms(self, rows: np.ndarray, cols: np.ndarray, vals: float | np.ndarray) -> None:
+        """Add ``vals`` at (rows, cols); entries whose column is -1 (a variable fixed to zero) vanish."""
+        rows, cols = np.broadcast_arrays(rows, cols)
+        vals = np.broadcast_to(np.asarray(vals, dtype=float), rows.shape)
+        keep = cols >= 0
+        self.rows.append(rows[keep].ravel())
+        self.cols.append(cols[keep].ravel())
+        self.vals.append(vals[keep].ravel())
+
+
+def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> MilpModel:
+    """The POET MILP of ``graph`` with ``costs`` under ``options``."""
+    T = graph.n_nodes
+    b = graph.output_bytes.astype(float)
+    fixed = 2 * graph.param_bytes if options.params_in_budget else 0
+    budget = float(options.ram_budget_bytes) - fixed
+    stage = np.arange(T)[:, None]
+    node = np.arange(T)[None, :]
+    lower_incl = node <= stage  # (t, i) with i <= t
+    strict = node < stage  # (t, i) with i < t
+    diagonal = node == stage
+
+    cols = _Columns()
+    R = cols.add(lower_incl if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, costs.compute_energy_j[None, :])
+    S_RAM = cols.add(strict, 0.0, 1.0, True)
+    none = np.zeros((T, T), dtype=bool)
+    paging = strict if options.paging else none
+    S_SSD = cols.add(paging, 0.0, 1.0, True)
+    M_IN = cols.add(paging, 0.0, 1.0, True, costs.pagein_energy_j[None, :])
+    M_OUT = cols.add(paging, 0.0, 1.0, True, costs.pageout_energy_j[None, :])
+    U = cols.add(lower_incl, 0.0, max(budget, 0.0), False)
+
+    edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)  # distinct (producer, consumer)
+    src, dst = edges[:, 0], edges[:, 1]
+    # FREE[t, e] for edges e = (i, k) with k <= t, only where R[t, k] can be 1
+    free_mask = (dst[None, :] <= stage) & (R[:, dst] >= 0)
+    FREE = cols.add(free_mask, 0.0, 1.0, True)
+
+    rows = _Rows()
+    INF = np.inf
+
+    # (1) a node computed in stage t has its inputs in RAM: R[t, v] <= R[t, u] + S_RAM[t, u]
+    t_idx, e_idx = np.nonzero(dst[None, :] <= stage)
+    u, v = src[e_idx], dst[e_idx]
+    ids = rows.new(t_idx.size, -INF, 0.0)
+    rows.terms(ids, R[t_idx, v], 1.0)
+    rows.terms(ids, R[t_idx, u], -1.0)
+    rows.terms(ids, S_RAM[t_idx, u], -1.0)
+
+    # (2) S_RAM[t+1, i] <= S_RAM[t, i] + R[t, i] + M_IN[t, i]  and  (3) S_SSD[t+1, i] <= S_SSD[t, i] + M_OUT[t, i]
+    t_idx, i_idx = np.nonzero(lower_incl[:-1])
+    ids = rows.new(t_idx.size, -INF, 0.0)
+    rows.terms(ids, S_RAM[t_idx + 1, i_idx], 1.0)
+    rows.terms(ids, S_RAM[t_idx, i_idx], -1.0)
+    rows.terms(ids, R[t_idx, i_idx], -1.0)
+    rows.terms(ids, M_IN[t_idx, i_idx], -1.0)
+    if options.paging:
+        ids = rows.new(t_idx.size, -INF, 0.0)
+        rows.terms(ids, S_SSD[t_idx + 1, i_idx], 1.0)
+        rows.terms(ids, S_SSD[t_idx, i_idx], -1.0)
+        rows.terms(ids, M_OUT[t_idx, i_idx], -1.0)
+        # (4) page in only what is on flash, page out only what is in RAM
+        t_idx, i_idx = np.nonzero(strict)
+        ids = rows.new(t_idx.size, -INF, 0.0)
+        rows.terms(ids, M_IN[t_idx, i_idx], 1.0)
+        rows.terms(ids, S_SSD[t_idx, i_idx], -1.0)
+        ids = rows.new(t_idx.size, -INF, 0.0)
+        rows.terms(ids, M_OUT[t_idx, i_idx], 1.0)
+        rows.terms(ids, S_RAM[t_idx, i_idx], -1.0)
+
+    # (5) FREE[t, (i, k)] = 1 exactly when k runs in stage t, i is not kept for stage t+1, and no later
+    # consumer j > k of i runs in stage t:  hazards h = 1 - R[t,k] + S_RAM[t+1,i] + sum_j R[t,j];
+    # 1 - FREE <= h  and  M (1 - FREE) >= h  with M the largest value h can take.
+    t_idx, e_idx = np.nonzero(free_mask)
+    i_of, k_of = src[e_idx], dst[e_idx]
+    free_col = FREE[t_idx, e_idx]
+    keep_col = np.where(t_idx + 1 < T, S_RAM[np.minimum(t_idx + 1, T - 1), i_of], -1)
+    # later consumers of i (j > k) per edge, as (edge, j) pairs, then joined with the stages
+    consumers = graph.consumers
+    pair_edge = np.concatenate([np.full(sum(1 for j in consumers[i] if j > k), e) for e, (i, k) in enumerate(edges)] or [np.zeros(0, np.int64)]).astype(np.int64)
+    pair_j = np.concatenate([np.array([j for j in consumers[i] if j > k], dtype=np.int64) for i, k in edges] or [np.zeros(0, np.int64)])
+    # for each FREE row (t, e), the R[t, j] columns of its later consumers
+    order = np.argsort(pair_edge, kind="stable")
+    pair_edge, pair_j = pair_edge[order], pair_j[order]
+    start = np.searchsorted(pair_edge, np.arange(len(edges)))
+    count = np.searchsorted(pair_edge, np.arange(len(edges)), side="right") - start
+    row_rep = np.repeat(np.arange(t_idx.size), count[e_idx])
+    offsets = np.arange(row_rep.size) - np.repeat(np.cumsum(count[e_idx]) - count[e_idx], count[e_idx])
+    j_rep = pair_j[start[e_idx][row_rep] + offsets]
+    later_cols = R[t_idx[row_rep], j_rep]
+    n_later = np.bincount(row_rep[later_cols >= 0], minlength=t_idx.size)
+    big_m = 1.0 + (keep_col >= 0) + n_later
+    for lower, upper, free_coef in ((-INF, 0.0, -1.0), (1.0 - big_m, INF, -big_m)):
+        ids = rows.new(t_idx.size, lower, upper)
+        rows.terms(ids, free_col, free_coef)
+        rows.terms(ids, R[t_idx, k_of], 1.0)
+        rows.terms(ids, keep_col, -1.0)
+        rows.terms(ids[row_rep], later_cols, -1.0)
+
+    # (6) memory: U[t, 0] = R[t, 0] b0 + sum_i S_RAM[t, i] b_i (+ M_IN[t, i] b_i when charged)
+    #             U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1} - sum_{(i, k)} FREE[t, (i, k)] b_i
+    ids = rows.new(T, 0.0, 0.0)
+    rows.terms(ids, U[:, 0], 1.0)
+    rows.terms(ids, R[:, 0], -b[0])
+    t_idx, i_idx = np.nonzero(strict)
+    rows.terms(ids[t_idx], S_RAM[t_idx, i_idx], -b[i_idx])
+    if options.charge_pagein:
+        rows.terms(ids[t_idx], M_IN[t_idx, i_idx], -b[i_idx])
+    t_idx, k_idx = np.nonzero(node[:, :-1] < stage)  # k + 1 <= t
+    row_of = np.full((T, T), -1, dtype=np.int64)
+    row_of[t_idx, k_idx] = ids_step = rows.new(t_idx.size, 0.0, 0.0)
+    rows.terms(ids_step, U[t_idx, k_idx + 1], 1.0)
+    rows.terms(ids_step, U[t_idx, k_idx], -1.0)
+    rows.terms(ids_step, R[t_idx, k_idx + 1], -b[k_idx + 1])
+    ft, fe = np.nonzero(free_mask)
+    fk = dst[fe]
+    has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
+    rows.terms(row_of[ft[has_row], fk[has_row]], FREE[ft[has_row], fe[has_row]], b[src[fe[has_row]]])
+
+    # (7) runtime: sum R runtime (+ paging time) <= factor * plain-step runtime
+    runtime_budget_s = None
+    if options.runtime_budget_factor is not None:
+        runtime_budget_s = options.runtime_budget_factor * costs.plain_step_runtime_s
+        ids = rows.new(1, -INF, runtime_budget_s)
+        t_idx, i_idx = np.nonzero(R >= 0)
+        rows.terms(np.zeros_like(t_idx) + ids[0], R[t_idx, i_idx], costs.runtime_s[i_idx])
+        if options.count_paging_time and options.paging:
+            t_idx, i_idx = np.nonzero(M_IN >= 0)
+            rows.terms(np.zeros_like(t_idx) + ids[0], M_IN[t_idx, i_idx], costs.pagein_time_s[i_idx])
+            rows.terms(np.zeros_like(t_idx) + ids[0], M_OUT[t_idx, i_idx], costs.pageout_time_s[i_idx])
+
+    A = sp.csr_matrix(
+        (np.concatenate(rows.vals), (np.concatenate(rows.rows), np.concatenate(rows.cols))),
+        shape=(rows.n, cols.n),
+    )
+    A.sum_duplicates()
+    return MilpModel(
+        c=np.concatenate(cols.cost),
+        A=A,
+        row_lower=np.concatenate(rows.lower),
+        row_upper=np.concatenate(rows.upper),
+        col_lower=np.concatenate(cols.lower),
+        col_upper=np.concatenate(cols.upper),
+        integer=np.concatenate(cols.integer),
+        index={"R": R, "S_RAM": S_RAM, "S_SSD": S_SSD, "M_IN": M_IN, "M_OUT": M_OUT},
+        fixed_bytes=fixed,
+        runtime_budget_s=runtime_budget_s,
+    )

@@ -1,0 +1,308 @@
+"""The one schedule format of the kit, and the simulator that validates and costs it.
+
+A :class:`Schedule` is an ordered list of operations on the tensors of a training graph: compute a
+node (its output appears in RAM), free a tensor, page a tensor out to flash, page it back in. Every
+planner (the POET MILP, a baseline, a technique) emits one, and :func:`simulate` replays it from these
+semantics alone, independently of whoever produced it: it refuses an invalid schedule with the step and
+the reason, and returns the energy, runtime and memory trace. No planner's own objective is trusted.
+
+Operations carry the *stage* they belong to, so that the MILP's matrix view (R, S_RAM, S_SSD, M_IN,
+M_OUT: what is computed, kept in RAM, kept on flash, paged in and paged out in each stage) can be
+derived from any schedule and built back from it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from poetlab.costs import CostModel
+from poetlab.errors import PoetlabError
+from poetlab.graph import TrainingGraph
+
+
+class OpKind(enum.Enum):
+    COMPUTE = "compute"
+    FREE = "free"
+    PAGE_OUT = "page_out"
+    PAGE_IN = "page_in"
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    node: int
+    stage: int
+
+
+class InvalidScheduleError(PoetlabError):
+    """A schedule that cannot run as written; ``step`` is the index of the offending operation."""
+
+    def __init__(self, step: int, op: Op | None, reason: str):
+        self.step = step
+        self.op = op
+        self.reason = reason
+        where = f"step {step} ({op.kind.value} node {op.node}, stage {op.stage})" if op is not None else f"after step {step}"
+        super().__init__(f"invalid schedule at {where}: {reason}")
+
+
+@dataclass(frozen=True)
+class ScheduleMatrices:
+    """The MILP's view of a schedule: T x T boolean matrices indexed [stage, node].
+
+    ``R`` computes node i in stage t; ``S_RAM`` / ``S_SSD`` hold tensor i in RAM / on flash at the start
+    of stage t; ``M_IN`` / ``M_OUT`` page tensor i in / out during stage t.
+    """
+
+    R: np.ndarray
+    S_RAM: np.ndarray
+    S_SSD: np.ndarray
+    M_IN: np.ndarray
+    M_OUT: np.ndarray
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """An ordered list of :class:`Op` over a graph of ``n_nodes`` nodes."""
+
+    n_nodes: int
+    ops: tuple[Op, ...]
+
+    @property
+    def n_stages(self) -> int:
+        return 1 + max((op.stage for op in self.ops), default=-1)
+
+    def count(self, kind: OpKind) -> int:
+        return sum(1 for op in self.ops if op.kind is kind)
+
+    @property
+    def n_recomputes(self) -> int:
+        """Computations beyond the first of each node."""
+        return self.count(OpKind.COMPUTE) - len({op.node for op in self.ops if op.kind is OpKind.COMPUTE})
+
+    def matrices(self) -> ScheduleMatrices:
+        """Derive the matrix view by replaying where each tensor lives at each stage start."""
+        T = self.n_nodes
+        stages = max(self.n_stages, T)
+        shape = (stages, T)
+        R, S_RAM, S_SSD, M_IN, M_OUT = (np.zeros(shape, dtype=bool) for _ in range(5))
+        in_ram = np.zeros(T, dtype=bool)
+        on_flash = np.zeros(T, dtype=bool)
+        current = 0
+        S_RAM[0], S_SSD[0] = in_ram, on_flash
+        for op in self.ops:
+            while current < op.stage:
+                current += 1
+                S_RAM[current], S_SSD[current] = in_ram, on_flash
+            if op.kind is OpKind.COMPUTE:
+                R[op.stage, op.node] = True
+                in_ram[op.node] = True
+            elif op.kind is OpKind.FREE:
+                in_ram[op.node] = False
+            elif op.kind is OpKind.PAGE_OUT:
+                M_OUT[op.stage, op.node] = True
+                on_flash[op.node] = True
+            else:
+                M_IN[op.stage, op.node] = True
+                in_ram[op.node] = True
+        while current + 1 < stages:
+            current += 1
+            S_RAM[current], S_SSD[current] = in_ram, on_flash
+        return ScheduleMatrices(R, S_RAM, S_SSD, M_IN, M_OUT)
+
+    @classmethod
+    def from_matrices(
+        cls,
+        graph: TrainingGraph,
+        R: np.ndarray,
+        S_RAM: np.ndarray,
+        S_SSD: np.ndarray | None = None,
+        M_IN: np.ndarray | None = None,
+        M_OUT: np.ndarray | None = None,
+        prefetch: bool = False,
+    ) -> Schedule:
+        """Turn the MILP's matrices into operations, stage by stage.
+
+        In stage t: page-outs first (of tensors resident at the stage start); then each node of R[t] in
+        order, each followed by freeing the inputs that no later node of the stage reads and that
+        S_RAM[t + 1] does not keep (Checkmate's free-after-last-use rule); then every other tensor that
+        S_RAM[t + 1] does not keep is freed. Page-ins happen at the end of the stage, after the frees,
+        so the tensor is resident from stage t + 1 on (the release's accounting); with ``prefetch`` they
+        are issued at the start of the stage instead, overlapping its compute, and hold RAM during it.
+        """
+        T = graph.n_nodes
+        R = np.asarray(R, dtype=bool)
+        S_RAM = np.asarray(S_RAM, dtype=bool)
+        zeros = np.zeros((T, T), dtype=bool)
+        S_SSD = zeros if S_SSD is None else np.asarray(S_SSD, dtype=bool)
+        M_IN = zeros if M_IN is None else np.asarray(M_IN, dtype=bool)
+        M_OUT = zeros if M_OUT is None else np.asarray(M_OUT, dtype=bool)
+        inputs = [sorted(set(node.inputs)) for node in graph.nodes]
+        ops: list[Op] = []
+        resident = np.zeros(T, dtype=bool)
+        for t in range(T):
+            keep = S_RAM[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
+            ops.extend(Op(OpKind.PAGE_OUT, int(i), t) for i in np.flatnonzero(M_OUT[t]))
+            if prefetch:
+                for i in np.flatnonzero(M_IN[t]):
+                    ops.append(Op(OpKind.PAGE_IN, int(i), t))
+                    resident[i] = True
+            computed = np.flatnonzero(R[t])
+            last_use: dict[int, int] = {}
+            for k in computed:
+                for i in inputs[k]:
+                    last_use[i] = int(k)
+            for k in computed:
+                ops.append(Op(OpKind.COMPUTE, int(k), t))
+                resident[k] = True
+                for i in inputs[k]:
+                    if last_use[i] == k and not keep[i] and resident[i] and not (prefetch and M_IN[t, i]):
+                        ops.append(Op(OpKind.FREE, int(i), t))
+                        resident[i] = False
+            for i in np.flatnonzero(resident & ~keep):
+                if prefetch and M_IN[t, i]:
+                    continue
+                ops.append(Op(OpKind.FREE, int(i), t))
+                resident[i] = False
+            if not prefetch:
+                for i in np.flatnonzero(M_IN[t]):
+                    ops.append(Op(OpKind.PAGE_IN, int(i), t))
+                    resident[i] = True
+        return cls(n_nodes=T, ops=tuple(ops))
+
+
+def checkpoint_all_schedule(graph: TrainingGraph) -> Schedule:
+    """Compute every node once, in order, keeping each tensor until its last consumer has run.
+
+    The memory-hungry reference point: no recomputation and no paging, so its energy is the energy of
+    one plain step, which is a lower bound for every schedule (each node must be computed at least once).
+    """
+    T = graph.n_nodes
+    R = np.eye(T, dtype=bool)
+    last_consumer = np.array([max(users, default=i) for i, users in enumerate(graph.consumers)])
+    stage = np.arange(T)[:, None]
+    node = np.arange(T)[None, :]
+    S_RAM = (node < stage) & (last_consumer[None, :] >= stage)
+    return Schedule.from_matrices(graph, R, S_RAM)
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What replaying a schedule costs. Energies in J, times in s, memory in bytes.
+
+    ``runtime_s`` adds compute and paging time as if they ran one after the other;
+    ``compute_time_s`` is what the release's runtime budget counts. ``memory_trace_bytes[k]`` is the
+    RAM in use right after operation k (before any free that follows it), fixed bytes included.
+    """
+
+    energy_j: float
+    compute_energy_j: float
+    pagein_energy_j: float
+    pageout_energy_j: float
+    runtime_s: float
+    compute_time_s: float
+    paging_time_s: float
+    peak_ram_bytes: int
+    memory_trace_bytes: np.ndarray
+    n_computes: int
+    n_recomputes: int
+    n_pageins: int
+    n_pageouts: int
+
+
+def simulate(
+    schedule: Schedule,
+    graph: TrainingGraph,
+    costs: CostModel,
+    ram_budget_bytes: float | None = None,
+    runtime_budget_s: float | None = None,
+    count_paging_time: bool = False,
+    fixed_bytes: int = 0,
+) -> SimulationResult:
+    """Replay ``schedule`` on ``graph`` and return its costs; raise :class:`InvalidScheduleError` if it
+    cannot run: a node computed while an input is not in RAM, a free or page-out of a tensor not in RAM,
+    a page-in of a tensor never paged out, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
+    parameters and gradients, counted in), a node never computed, or a runtime above
+    ``runtime_budget_s`` (compute time, plus paging time when ``count_paging_time``)."""
+    T = graph.n_nodes
+    if schedule.n_nodes != T or costs.n_nodes != T:
+        raise InvalidScheduleError(0, None, f"schedule has {schedule.n_nodes} nodes, graph {T}, costs {costs.n_nodes}")
+    nbytes = graph.output_bytes
+    inputs = [tuple(set(node.inputs)) for node in graph.nodes]
+    in_ram = np.zeros(T, dtype=bool)
+    on_flash = np.zeros(T, dtype=bool)
+    computed = np.zeros(T, dtype=bool)
+    used = int(fixed_bytes)
+    trace = np.empty(len(schedule.ops), dtype=np.int64)
+    compute_energy = pagein_energy = pageout_energy = 0.0
+    compute_time = paging_time = 0.0
+    n_computes = n_pageins = n_pageouts = 0
+    last_stage = -1
+    for step, op in enumerate(schedule.ops):
+        i = op.node
+        if not 0 <= i < T:
+            raise InvalidScheduleError(step, op, f"node {i} does not exist (graph has {T} nodes)")
+        if op.stage < last_stage:
+            raise InvalidScheduleError(step, op, f"stage {op.stage} comes after stage {last_stage}")
+        last_stage = op.stage
+        if op.kind is OpKind.COMPUTE:
+            missing = [j for j in inputs[i] if not in_ram[j]]
+            if missing:
+                raise InvalidScheduleError(step, op, f"input {graph.nodes[missing[0]].name} (node {missing[0]}) is not in RAM")
+            if not in_ram[i]:
+                used += int(nbytes[i])
+                in_ram[i] = True
+            computed[i] = True
+            compute_energy += costs.compute_energy_j[i]
+            compute_time += costs.runtime_s[i]
+            n_computes += 1
+        elif op.kind is OpKind.FREE:
+            if not in_ram[i]:
+                raise InvalidScheduleError(step, op, "frees a tensor that is not in RAM")
+            in_ram[i] = False
+            used -= int(nbytes[i])
+        elif op.kind is OpKind.PAGE_OUT:
+            if not in_ram[i]:
+                raise InvalidScheduleError(step, op, "pages out a tensor that is not in RAM")
+            on_flash[i] = True
+            pageout_energy += costs.pageout_energy_j[i]
+            paging_time += costs.pageout_time_s[i]
+            n_pageouts += 1
+        else:
+            if not on_flash[i]:
+                raise InvalidScheduleError(step, op, "pages in a tensor that was never paged out")
+            if not in_ram[i]:
+                used += int(nbytes[i])
+                in_ram[i] = True
+            pagein_energy += costs.pagein_energy_j[i]
+            paging_time += costs.pagein_time_s[i]
+            n_pageins += 1
+        trace[step] = used
+        if ram_budget_bytes is not None and used > ram_budget_bytes:
+            raise InvalidScheduleError(step, op, f"RAM in use {used:,} bytes exceeds the budget {int(ram_budget_bytes):,} bytes")
+    never = np.flatnonzero(~computed)
+    if never.size:
+        raise InvalidScheduleError(len(schedule.ops), None, f"node {graph.nodes[never[0]].name} (node {never[0]}) is never computed")
+    counted_time = compute_time + (paging_time if count_paging_time else 0.0)
+    if runtime_budget_s is not None and counted_time > runtime_budget_s * (1 + 1e-9):
+        raise InvalidScheduleError(
+            len(schedule.ops), None, f"runtime {counted_time:.6g} s exceeds the runtime budget {runtime_budget_s:.6g} s"
+        )
+    trace.setflags(write=False)
+    return SimulationResult(
+        energy_j=compute_energy + pagein_energy + pageout_energy,
+        compute_energy_j=compute_energy,
+        pagein_energy_j=pagein_energy,
+        pageout_energy_j=pageout_energy,
+        runtime_s=compute_time + paging_time,
+        compute_time_s=compute_time,
+        paging_time_s=paging_time,
+        peak_ram_bytes=int(trace.max(initial=fixed_bytes)),
+        memory_trace_bytes=trace,
+        n_computes=n_computes,
+        n_recomputes=n_computes - T,
+        n_pageins=n_pageins,
+        n_pageouts=n_pageouts,
+    )

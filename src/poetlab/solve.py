@@ -1,0 +1,223 @@
+"""``poetlab.solve``: an energy-optimal schedule for a training graph under memory and runtime budgets.
+
+The steps, each cheap before the expensive one:
+
+1. Check the inputs (budgets, solver name, limits) and give a one-line error for bad ones.
+2. A budget below the smallest single-node footprint (a node's output plus its inputs, all in RAM at
+   once) is infeasible for every schedule: say so without building a MILP.
+3. Every node must be computed at least once, so the energy of one plain step is a lower bound for
+   every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
+   bound and is optimal: a certificate, with no MILP to solve.
+4. Otherwise build the POET MILP and solve it; the schedule it returns is replayed by the simulator,
+   whose energy, runtime and peak are what we report. The solver's own objective is kept only to show
+   that the two agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from poetlab.costs import CostModel
+from poetlab.errors import InvalidArgumentError, PoetlabError
+from poetlab.graph import TrainingGraph
+from poetlab.milp import MilpOptions, build_milp
+from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
+from poetlab.solvers import SOLVERS, relative_gap, run_milp
+
+log = logging.getLogger("poetlab.solve")
+
+STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """The outcome of :func:`solve`. Energies, runtime and peak come from the simulator.
+
+    ``objective_j`` is the solver's objective (None for a certificate or no solution) and ``bound_j``
+    the best proven lower bound on the energy; ``mip_gap`` is their relative difference. ``solver`` is
+    ``highs``, ``gurobi``, or ``bound`` when the lower-bound certificate settled it. ``message`` says
+    in one line why there is no schedule, when there is none.
+    """
+
+    status: str
+    solver: str
+    energy_j: float | None
+    compute_energy_j: float | None
+    pagein_energy_j: float | None
+    pageout_energy_j: float | None
+    runtime_s: float | None
+    peak_ram_bytes: int | None
+    solve_time_s: float
+    mip_gap: float | None
+    objective_j: float | None
+    bound_j: float | None
+    n_recomputes: int | None
+    n_pageouts: int | None
+    n_pageins: int | None
+    ram_budget_bytes: float
+    runtime_budget_s: float | None
+    message: str
+    schedule: Schedule | None = None
+    simulation: SimulationResult | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return self.schedule is not None
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON-able fields (no schedule or memory trace)."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "status", "energy_j", "compute_energy_j", "pagein_energy_j", "pageout_energy_j", "runtime_s",
+                "peak_ram_bytes", "solve_time_s", "mip_gap", "solver", "n_recomputes", "n_pageouts", "n_pageins",
+                "objective_j", "bound_j", "ram_budget_bytes", "runtime_budget_s", "message",
+            )
+        }
+
+
+def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
+    """(bytes, node): the largest output-plus-inputs of any node, which any schedule must hold at once."""
+    sizes = graph.output_bytes
+    footprint = np.array([sizes[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
+    node = int(footprint.argmax())
+    return int(footprint[node]), node
+
+
+def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None) -> None:
+    if not (isinstance(ram_budget_bytes, int | float) and math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
+        raise InvalidArgumentError(f"RAM budget must be a positive number of bytes, got {ram_budget_bytes!r}")
+    if runtime_budget_factor is not None and not (math.isfinite(runtime_budget_factor) and runtime_budget_factor >= 1):
+        raise InvalidArgumentError(
+            f"runtime budget must be a factor >= 1 of one plain step (every node runs at least once), got {runtime_budget_factor!r}"
+        )
+    if solver not in SOLVERS:
+        raise InvalidArgumentError(f"unknown solver {solver!r}; valid solvers: {', '.join(SOLVERS)}")
+    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise InvalidArgumentError(f"time limit must be a positive number of seconds, got {time_limit_s!r}")
+    if not (0 <= mip_gap < 1):
+        raise InvalidArgumentError(f"MIP gap must be in [0, 1), got {mip_gap!r}")
+    if threads is not None and threads < 1:
+        raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
+
+
+def solve(
+    graph: TrainingGraph,
+    costs: CostModel,
+    ram_budget_bytes: float,
+    runtime_budget_factor: float | None = None,
+    *,
+    paging: bool = True,
+    remat: bool = True,
+    count_paging_time: bool = False,
+    charge_pagein: bool = False,
+    params_in_budget: bool = False,
+    solver: str = "auto",
+    time_limit_s: float = 600.0,
+    mip_gap: float = 1e-4,
+    threads: int | None = None,
+    verbose: bool = False,
+) -> SolveResult:
+    """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
+    times one plain step. Faithful to the POET release unless one of the fix options is set (see
+    :mod:`poetlab.milp`)."""
+    _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
+    started = time.perf_counter()
+    options = MilpOptions(
+        ram_budget_bytes=float(ram_budget_bytes),
+        runtime_budget_factor=runtime_budget_factor,
+        paging=paging,
+        remat=remat,
+        count_paging_time=count_paging_time,
+        charge_pagein=charge_pagein,
+        params_in_budget=params_in_budget,
+    )
+    fixed = 2 * graph.param_bytes if params_in_budget else 0
+    runtime_budget_s = None if runtime_budget_factor is None else runtime_budget_factor * costs.plain_step_runtime_s
+    lower_bound = costs.plain_step_energy_j
+
+    def result(status: str, solver_name: str, message: str, schedule=None, sim=None, objective=None, bound=None, gap=None) -> SolveResult:
+        return SolveResult(
+            status=status,
+            solver=solver_name,
+            energy_j=sim.energy_j if sim else None,
+            compute_energy_j=sim.compute_energy_j if sim else None,
+            pagein_energy_j=sim.pagein_energy_j if sim else None,
+            pageout_energy_j=sim.pageout_energy_j if sim else None,
+            runtime_s=sim.runtime_s if sim else None,
+            peak_ram_bytes=sim.peak_ram_bytes if sim else None,
+            solve_time_s=time.perf_counter() - started,
+            mip_gap=gap,
+            objective_j=objective,
+            bound_j=bound,
+            n_recomputes=sim.n_recomputes if sim else None,
+            n_pageouts=sim.n_pageouts if sim else None,
+            n_pageins=sim.n_pageins if sim else None,
+            ram_budget_bytes=float(ram_budget_bytes),
+            runtime_budget_s=runtime_budget_s,
+            message=message,
+            schedule=schedule,
+            simulation=sim,
+        )
+
+    def replay(schedule: Schedule) -> SimulationResult:
+        return simulate(
+            schedule, graph, costs, ram_budget_bytes=ram_budget_bytes, runtime_budget_s=runtime_budget_s,
+            count_paging_time=count_paging_time, fixed_bytes=fixed,
+        )
+
+    footprint, node = min_footprint_bytes(graph)
+    if footprint + fixed > ram_budget_bytes:
+        extra = f" plus {fixed:,} bytes of parameters and gradients" if fixed else ""
+        message = (
+            f"the RAM budget {int(ram_budget_bytes):,} bytes is below the smallest single-node footprint "
+            f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output in RAM at once)"
+        )
+        log.info(message)
+        return result("infeasible", "bound", message)
+
+    baseline = checkpoint_all_schedule(graph)
+    try:
+        sim = replay(baseline)
+    except InvalidScheduleError:
+        sim = None
+    if sim is not None:
+        message = "checkpoint-all fits the budgets and meets the lower bound (every node computed once): optimal without a MILP"
+        log.info(message)
+        return result("optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=lower_bound, gap=0.0)
+
+    model = build_milp(graph, costs, options)
+    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
+    answer = run_milp(model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, verbose=verbose)
+    bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
+    if answer.x is None:
+        if answer.status == "infeasible":
+            runtime = "" if runtime_budget_factor is None else f" within {runtime_budget_factor:g}x the plain-step runtime"
+            forbidden = " or ".join(word for word, allowed in (("recomputation", remat), ("paging", paging)) if not allowed)
+            message = (
+                f"no schedule fits {int(ram_budget_bytes):,} bytes{runtime}{f' without {forbidden}' if forbidden else ''} "
+                f"(the smallest single-node footprint is {footprint:,} bytes); raise the memory or runtime budget"
+            )
+        else:
+            message = f"no schedule found within the {time_limit_s:g} s time limit; raise --time-limit"
+        return result(answer.status, answer.solver, message, bound=bound)
+    matrices = model.decode(answer.x)
+    schedule = Schedule.from_matrices(graph, prefetch=charge_pagein, **matrices)
+    try:
+        sim = replay(schedule)
+    except InvalidScheduleError as exc:
+        raise PoetlabError(f"the {answer.solver} solution does not replay ({exc}); this is a poetlab bug, please report it") from exc
+    if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
+        log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
+    gap = relative_gap(sim.energy_j, bound)
+    message = {
+        "optimal": f"optimal within a relative gap of {mip_gap:g}",
+        "feasible": "feasible; the solver stopped before proving optimality",
+        "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
+    }.get(answer.status, answer.status)
+    return result(answer.status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)

@@ -1,0 +1,222 @@
+"""MILP backends behind one interface: HiGHS (default, always available) and Gurobi (when licensed).
+
+``run_milp(model, solver=...)`` returns a :class:`MilpSolution` whatever the backend. HiGHS runs in a
+child process (``python -m poetlab._highs_worker``) that streams every improving solution back, and the parent kills it if it outlives its
+time limit: HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
+it), and a solve that must end has to be stoppable from outside. Gurobi honours its limit and runs
+in-process.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from poetlab.errors import InvalidArgumentError, PoetlabError
+from poetlab.milp import MilpModel
+
+log = logging.getLogger("poetlab.solvers")
+
+SOLVERS = ("auto", "highs", "gurobi")
+#: the size-limited license bundled with the gurobipy wheel
+GUROBI_SIZE_LIMIT = 2000
+_GRACE_S = 5.0
+
+
+class SolverUnavailableError(PoetlabError):
+    """The requested solver cannot run here (not installed, no license, or a size-limited license)."""
+
+
+@dataclass(frozen=True)
+class MilpSolution:
+    """A backend's answer. ``status``: optimal | feasible | infeasible | time_limit.
+
+    ``x`` is the best solution found (None when there is none); ``bound`` the best proven lower bound.
+    """
+
+    status: str
+    solver: str
+    x: np.ndarray | None
+    objective: float | None
+    bound: float | None
+    gap: float | None
+    solve_time_s: float
+
+
+def relative_gap(objective: float | None, bound: float | None) -> float | None:
+    if objective is None or bound is None:
+        return None
+    return max(0.0, (objective - bound) / max(abs(objective), 1e-300))
+
+
+# ---- Gurobi ------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def gurobi_license() -> tuple[str, str]:
+    """('full' | 'size-limited' | 'none', why). Probes by optimizing a 2001-variable LP (about 0.1 s)."""
+    try:
+        import gurobipy as gp
+    except ImportError:
+        return "none", "gurobipy is not installed"
+    try:
+        with gp.Env(params={"OutputFlag": 0}) as env, gp.Model(env=env) as model:
+            model.addMVar(GUROBI_SIZE_LIMIT + 1, lb=0.0)
+            model.optimize()
+        return "full", "a Gurobi license covers models of any size"
+    except gp.GurobiError as exc:
+        if exc.errno == gp.GRB.Error.SIZE_LIMIT_EXCEEDED:
+            return "size-limited", f"Gurobi license is size-limited ({GUROBI_SIZE_LIMIT} variables and constraints)"
+        if exc.errno == gp.GRB.Error.NO_LICENSE:
+            return "none", "no Gurobi license found"
+        return "none", f"Gurobi is unusable ({exc})"
+
+
+def choose_solver(model: MilpModel, solver: str) -> str:
+    """Resolve ``auto`` to a backend and log which and why; check an explicit choice can run."""
+    if solver not in SOLVERS:
+        raise InvalidArgumentError(f"unknown solver {solver!r}; valid solvers: {', '.join(SOLVERS)}")
+    if solver == "highs":
+        log.info("using HiGHS (asked for)")
+        return "highs"
+    kind, why = gurobi_license()
+    fits = model.n_cols <= GUROBI_SIZE_LIMIT and model.n_rows <= GUROBI_SIZE_LIMIT
+    size = f"this model has {model.n_cols} variables and {model.n_rows} constraints"
+    if solver == "gurobi":
+        if kind == "none":
+            raise SolverUnavailableError(f"{why}; install a Gurobi license or use --solver highs")
+        if kind == "size-limited" and not fits:
+            raise SolverUnavailableError(f"{why} and {size}; install a full license or use --solver highs")
+        log.info("using Gurobi (asked for)")
+        return "gurobi"
+    if kind == "full" or (kind == "size-limited" and fits):
+        log.info("using Gurobi: %s", why if kind == "full" else f"{why} and {size}, which fits")
+        return "gurobi"
+    log.info("using HiGHS: %s", f"{why} and {size}" if kind == "size-limited" else why)
+    return "highs"
+
+
+def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool) -> MilpSolution:
+    import gurobipy as gp
+    from gurobipy import GRB
+
+    started = time.perf_counter()
+    with gp.Env(params={"OutputFlag": int(verbose)}) as env, gp.Model(env=env) as m:
+        vtype = np.where(model.integer, GRB.BINARY, GRB.CONTINUOUS)
+        x = m.addMVar(model.n_cols, lb=model.col_lower, ub=model.col_upper, vtype=vtype)
+        finite_upper = np.isfinite(model.row_upper)
+        finite_lower = np.isfinite(model.row_lower)
+        if finite_upper.any():
+            m.addMConstr(model.A[finite_upper], x, "<", model.row_upper[finite_upper])
+        if finite_lower.any():
+            m.addMConstr(model.A[finite_lower], x, ">", model.row_lower[finite_lower])
+        m.setMObjective(None, model.c, 0.0, sense=GRB.MINIMIZE)
+        m.Params.TimeLimit = time_limit_s
+        m.Params.MIPGap = mip_gap
+        m.Params.Seed = 0
+        if threads:
+            m.Params.Threads = threads
+        m.optimize()
+        elapsed = time.perf_counter() - started
+        if m.Status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
+            return MilpSolution("infeasible", "gurobi", None, None, None, None, elapsed)
+        has = m.SolCount > 0
+        objective = float(m.ObjVal) if has else None
+        bound = float(m.ObjBound) if m.IsMIP else objective
+        status = "optimal" if m.Status == GRB.OPTIMAL else ("time_limit" if m.Status == GRB.TIME_LIMIT else "feasible")
+        if not has and status != "time_limit":
+            status = "infeasible"
+        return MilpSolution(status, "gurobi", np.array(x.X) if has else None, objective, bound, relative_gap(objective, bound) if has else None, elapsed)
+
+
+# ---- HiGHS ------------------------------------------------------------------------------------
+def _read_messages(stream, inbox: queue.Queue) -> None:
+    """Reader thread: length-prefixed pickles from the worker into ``inbox``; None at end of stream."""
+    try:
+        while header := stream.read(8):
+            (size,) = struct.unpack("<Q", header)
+            inbox.put(pickle.loads(stream.read(size)))
+    except (OSError, EOFError, pickle.UnpicklingError, struct.error):
+        pass
+    finally:
+        inbox.put(None)
+
+
+def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool) -> MilpSolution:
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "poetlab._highs_worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=None if verbose else subprocess.DEVNULL,
+    )
+    inbox: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=_read_messages, args=(process.stdout, inbox), daemon=True)
+    reader.start()
+    deadline = started + time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
+    best_objective: float | None = None
+    best_x: np.ndarray | None = None
+    final = None
+    try:
+        try:
+            pickle.dump((model, time_limit_s, mip_gap, threads, verbose), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                log.warning("HiGHS ignored its %g s time limit; stopped it and kept the best solution so far", time_limit_s)
+                break
+            try:
+                message = inbox.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if message is None:
+                break
+            if message[0] == "incumbent":
+                if best_objective is None or message[1] < best_objective:
+                    best_objective, best_x = message[1], message[2]
+            else:
+                final = message
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        reader.join(timeout=5)
+    elapsed = time.perf_counter() - started
+    if final is None:
+        if process.returncode not in (0, -9) and best_x is None:
+            raise PoetlabError(f"the HiGHS process failed (exit code {process.returncode}); run with --verbose to see its log")
+        return MilpSolution("time_limit", "highs", best_x, best_objective, None, None, elapsed)
+    _, status, objective, bound, x = final
+    if status.startswith("error"):
+        raise PoetlabError(f"HiGHS failed ({status[7:]}); try --solver gurobi or another time limit")
+    if x is None and best_x is not None:
+        x, objective = best_x, best_objective
+    if x is None:
+        return MilpSolution(status, "highs", None, None, bound, None, elapsed)
+    return MilpSolution(status, "highs", x, objective, bound, relative_gap(objective, bound), elapsed)
+
+
+def run_milp(
+    model: MilpModel,
+    solver: str = "auto",
+    time_limit_s: float = 600.0,
+    mip_gap: float = 1e-4,
+    threads: int | None = None,
+    verbose: bool = False,
+) -> MilpSolution:
+    """Solve ``model`` with the chosen backend (``auto``: Gurobi when its license covers the model)."""
+    backend = choose_solver(model, solver)
+    if backend == "gurobi":
+        return _solve_gurobi(model, time_limit_s, mip_gap, threads, verbose)
+    return _solve_highs(model, time_limit_s, mip_gap, threads, verbose)
