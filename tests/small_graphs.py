@@ -1,0 +1,26 @@
+"""Small real training graphs for solver tests, built with the paper's layer formulas."""
+
+from __future__ import annotations
+
+from poetlab.graph import TrainingGraph
+from poetlab.paper_models import LayerList, training_graph
+
+
+def mlp(widths: tuple[int, ...] = (8, 16, 4), batch: int = 1) -> TrainingGraph:
+    """input -> (Linear -> ReLU) * n -> loss: a chain."""
+    net = LayerList()
+    x = net.input((batch, widths[0]))
+    for a, b in zip(widths[:-1], widths[1:]):
+        x = net.elementwise("relu", net.linear(x, a, b))
+    net.cross_entropy(x, widths[-1])
+    return training_graph("mlp", net, {"source": "test"})
+
+
+def residual(channels: int = 2, side: int = 4) -> TrainingGraph:
+    """input -> conv -> relu -> conv -> skip(relu, conv) -> loss: a branch in the forward graph."""
+    net = LayerList()
+    x = net.input((1, channels, side, side))
+    a = net.elementwise("relu", net.conv2d(x, channels, channels, 3, 1, 1))
+    b = net.conv2d(a, channels, channels, 3, 1, 1)
+    net.cross_entropy(net.flatten(net.skip_add(a, b)), 4)
+    return training_graph("residual", net, {"source": "test"})

@@ -1,0 +1,164 @@
+"""The POET MILP through ``poetlab.solve``: real solvers, every schedule replayed by the simulator."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from poetlab import CostModel, build_paper_graph, load_platform
+from poetlab.errors import InvalidArgumentError
+from poetlab.milp import MilpOptions, build_milp
+from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.solve import min_footprint_bytes, solve
+from poetlab.solvers import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license
+
+from small_graphs import mlp, residual
+
+
+def _setup(model="linear", platform="m0"):
+    graph = build_paper_graph(model) if isinstance(model, str) else model
+    costs = CostModel.from_flops(graph, load_platform(platform))
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    return graph, costs, peak
+
+
+def _replays(result, graph, costs, **kwargs):
+    """The schedule replays with the reported energy and within the budget."""
+    sim = simulate(result.schedule, graph, costs, ram_budget_bytes=result.ram_budget_bytes, runtime_budget_s=result.runtime_budget_s, **kwargs)
+    assert sim.energy_j == pytest.approx(result.energy_j, rel=1e-12)
+    assert sim.peak_ram_bytes <= result.ram_budget_bytes
+    if result.objective_j is not None:
+        assert result.objective_j == pytest.approx(sim.energy_j, rel=1e-6)
+    return sim
+
+
+def test_release_readme_instance():
+    graph, costs, _ = _setup("resnet18_cifar", "a72")
+    result = solve(graph, costs, 3_000_000, 7.6)
+    assert result.status == "optimal"
+    assert result.energy_j == pytest.approx(7.8895101827, rel=1e-6)
+    assert result.mip_gap == 0.0 and result.bound_j == pytest.approx(costs.plain_step_energy_j, rel=1e-12)
+    sim = _replays(result, graph, costs)
+    assert sim.peak_ram_bytes < 3_000_000
+
+
+def test_tight_budget_needs_remat_or_paging_and_poet_wins():
+    graph, costs, peak = _setup("linear", "m0")
+    budget = peak // 2
+    poet = solve(graph, costs, budget, 2.0)
+    remat_only = solve(graph, costs, budget, 2.0, paging=False)
+    paging_only = solve(graph, costs, budget, 2.0, remat=False)
+    for result in (poet, remat_only, paging_only):
+        assert result.status == "optimal" and result.solver in ("highs", "gurobi")
+        _replays(result, graph, costs)
+        assert result.energy_j > costs.plain_step_energy_j  # the budget forces extra work
+    assert remat_only.n_pageouts == 0 and paging_only.n_recomputes == 0
+    tolerance = 1e-4 * poet.energy_j  # each is optimal within the default relative gap
+    assert poet.energy_j <= remat_only.energy_j + tolerance
+    assert poet.energy_j <= paging_only.energy_j + tolerance
+    assert poet.n_recomputes + poet.n_pageouts > 0
+
+
+def test_fixes_are_respected_by_solver_and_simulator():
+    graph, costs, peak = _setup("linear", "m0")
+    budget = int(0.6 * peak)
+    faithful = solve(graph, costs, budget, 1.2)
+    fixed = solve(graph, costs, budget, 1.2, count_paging_time=True, charge_pagein=True)
+    assert fixed.status == faithful.status == "optimal"
+    _replays(fixed, graph, costs, count_paging_time=True)
+    # more constraints can only cost energy (within the gap)
+    assert fixed.energy_j >= faithful.energy_j * (1 - 1e-4)
+    with_params = solve(graph, costs, budget + 2 * graph.param_bytes, 1.2, params_in_budget=True)
+    assert with_params.status == "optimal"
+    _replays(with_params, graph, costs, fixed_bytes=2 * graph.param_bytes)
+    assert with_params.peak_ram_bytes <= budget + 2 * graph.param_bytes
+
+
+def test_infeasible_budgets_explain_themselves():
+    graph, costs, peak = _setup("linear", "m0")
+    footprint, node = min_footprint_bytes(graph)
+    below = solve(graph, costs, footprint - 1)
+    assert below.status == "infeasible" and below.schedule is None
+    assert f"smallest single-node footprint {footprint:,} bytes" in below.message and "\n" not in below.message
+    # above the footprint but below checkpoint-all, with neither remat nor paging allowed: the MILP says no
+    neither = solve(graph, costs, peak - 1, remat=False, paging=False)
+    assert neither.status == "infeasible" and neither.solver in ("highs", "gurobi")
+    assert "without recomputation or paging" in neither.message
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"ram_budget_bytes": -1}, "positive number of bytes"),
+        ({"ram_budget_bytes": 0}, "positive number of bytes"),
+        ({"runtime_budget_factor": 0.9}, "factor >= 1"),
+        ({"solver": "cplex"}, "valid solvers: auto, highs, gurobi"),
+        ({"time_limit_s": 0}, "time limit"),
+        ({"mip_gap": -0.1}, "MIP gap"),
+        ({"threads": 0}, "threads"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    graph, costs, _ = _setup("linear", "m0")
+    arguments = {"ram_budget_bytes": 5000, **kwargs}
+    with pytest.raises(InvalidArgumentError, match=message):
+        solve(graph, costs, **arguments)
+
+
+def test_milp_is_sparse_and_sized_by_lower_triangles():
+    graph, costs, peak = _setup("resnet18_cifar", "a72")
+    T, E = graph.n_nodes, graph.n_unique_edges
+    full = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2, runtime_budget_factor=2.0))
+    no_paging = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2, paging=False))
+    tri, strict = T * (T + 1) // 2, T * (T - 1) // 2
+    assert full.n_cols < 2 * tri + 4 * strict + T * E
+    assert no_paging.n_cols < full.n_cols - 3 * strict + 1
+    assert full.A.nnz < 12 * full.n_rows
+
+
+# ---- backends ---------------------------------------------------------------------------------
+gurobi_kind, _ = gurobi_license()
+
+
+@pytest.mark.skipif(gurobi_kind == "none", reason="gurobipy or its license is not available")
+@pytest.mark.parametrize("graph_factory", [mlp, residual])
+def test_gurobi_and_highs_agree_on_tiny_graphs(graph_factory):
+    graph, costs, peak = _setup(graph_factory(), "m0")
+    footprint, _ = min_footprint_bytes(graph)
+    budget = max(footprint, int(0.7 * peak))
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.5))
+    assert model.n_cols <= GUROBI_SIZE_LIMIT and model.n_rows <= GUROBI_SIZE_LIMIT
+    highs = solve(graph, costs, budget, 1.5, solver="highs", mip_gap=0)
+    gurobi = solve(graph, costs, budget, 1.5, solver="gurobi", mip_gap=0)
+    assert highs.solver == "highs" and gurobi.solver == "gurobi"
+    assert highs.status == gurobi.status == "optimal"
+    assert highs.energy_j == pytest.approx(gurobi.energy_j, rel=1e-6)
+    assert highs.n_recomputes + highs.n_pageouts > 0  # checkpoint-all does not fit this budget
+    _replays(highs, graph, costs)
+    _replays(gurobi, graph, costs)
+
+
+def test_auto_falls_back_to_highs_on_a_real_instance(caplog):
+    graph, costs, peak = _setup("resnet18_cifar", "a72")
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2))
+    with caplog.at_level(logging.INFO, logger="poetlab.solvers"):
+        chosen = choose_solver(model, "auto")
+    if gurobi_kind == "full":
+        assert chosen == "gurobi"
+    else:
+        assert chosen == "highs"
+        assert any("using HiGHS" in r.message and ("size-limited" in r.message or "license" in r.message or "not installed" in r.message) for r in caplog.records)
+        with pytest.raises(SolverUnavailableError, match="use --solver highs"):
+            choose_solver(model, "gurobi")
+
+
+def test_time_limit_is_a_hard_limit():
+    graph, costs, peak = _setup("resnet18_cifar", "a72")
+    result = solve(graph, costs, int(0.5 * peak), 2.0, solver="highs", time_limit_s=2.0)
+    assert result.status in ("time_limit", "optimal", "feasible")
+    assert result.solve_time_s < 2.0 + 5.0 + 3.0  # the limit, the guard's grace, building the model
+    if result.schedule is not None:
+        _replays(result, graph, costs)
+    else:
+        assert "time limit" in result.message
