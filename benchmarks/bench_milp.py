@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab._io import write_json_atomic
 from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.solve import solve
+from poetlab.poet_solver import solve
 
 # (label, model, platform, budget: bytes if > 1 else a fraction of checkpoint-all's peak, runtime factor)
 INSTANCES = [

@@ -10,7 +10,7 @@ from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.errors import InvalidArgumentError
 from poetlab.milp import MilpOptions, build_milp
 from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.solve import min_footprint_bytes, solve
+from poetlab.poet_solver import min_footprint_bytes, solve
 from poetlab.solvers import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license
 
 from small_graphs import mlp, residual

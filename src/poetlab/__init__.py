@@ -16,6 +16,8 @@ from poetlab.errors import (
 from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
+from poetlab.poet_solver import SolveResult, solve
+from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.summary import GraphSummary, summarize_graph
 
 __version__ = "0.1.0"
@@ -26,6 +28,12 @@ __all__ = [
     "GraphFileError",
     "GraphSummary",
     "InvalidArgumentError",
+    "InvalidScheduleError",
+    "Op",
+    "OpKind",
+    "Schedule",
+    "SimulationResult",
+    "SolveResult",
     "Node",
     "OutputError",
     "Platform",
@@ -35,7 +43,10 @@ __all__ = [
     "UnknownNameError",
     "available_platforms",
     "build_paper_graph",
+    "checkpoint_all_schedule",
     "load_platform",
     "load_platform_file",
+    "simulate",
+    "solve",
     "summarize_graph",
 ]

@@ -18,6 +18,7 @@ from poetlab.costs import CostModel
 from poetlab.errors import PoetlabError
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import available_platforms, load_platform
+from poetlab.poet_solver import solve
 from poetlab.summary import summarize_graph
 
 EXIT_USAGE = 2
@@ -75,8 +76,6 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
-    from poetlab.solve import solve  # the solver stack is imported only by the commands that use it
-
     platform = load_platform(args.platform, args.platform_dir)
     graph = build_paper_graph(args.model, args.batch_size)
     costs = CostModel.from_flops(graph, platform)

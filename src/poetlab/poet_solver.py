@@ -29,7 +29,7 @@ from poetlab.milp import MilpOptions, build_milp
 from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.solvers import SOLVERS, relative_gap, run_milp
 
-log = logging.getLogger("poetlab.solve")
+log = logging.getLogger("poetlab.poet_solver")
 
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 
