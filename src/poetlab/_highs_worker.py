@@ -1,6 +1,7 @@
 """The HiGHS child process (``python -m poetlab._highs_worker``).
 
-Reads one pickled request on stdin: (MilpModel, time_limit_s, mip_gap, threads, verbose). Writes
+Reads one pickled request on stdin: (MilpModel, time_limit_s, mip_gap, threads, verbose, start), where
+start is a feasible solution vector (a MIP start) or None. Writes
 length-prefixed pickled messages on the file descriptor that was stdout: ('incumbent', objective, x)
 for each improving solution and ('done', status, objective, bound, x) at the end. HiGHS's own console
 output goes to stderr, so it can never corrupt the message stream.
@@ -26,7 +27,7 @@ def main() -> None:
     request = pickle.load(sys.stdin.buffer)
     messages = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed from here on (HiGHS's log) goes to stderr
-    model, time_limit_s, mip_gap, threads, verbose = request
+    model, time_limit_s, mip_gap, threads, verbose, start = request
 
     import highspy
 
@@ -52,6 +53,8 @@ def main() -> None:
     lp.a_matrix_.value_ = A.data
     lp.integrality_ = [highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous for flag in model.integer]
     h.passModel(lp)
+    if start is not None:
+        h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=np.float64))
 
     def on_improving(event) -> None:
         _send(messages, ("incumbent", float(event.data_out.objective_function_value), np.array(event.data_out.mip_solution)))

@@ -72,6 +72,11 @@ class MilpModel:
     col_upper: np.ndarray
     integer: np.ndarray
     index: dict[str, np.ndarray] = field(repr=False)
+    free_index: np.ndarray = field(repr=False)
+    u_index: np.ndarray = field(repr=False)
+    edges: np.ndarray = field(repr=False)
+    node_bytes: np.ndarray = field(repr=False)
+    charge_pagein: bool = False
     fixed_bytes: int = 0
     runtime_budget_s: float | None = None
 
@@ -82,6 +87,38 @@ class MilpModel:
     @property
     def n_rows(self) -> int:
         return int(self.A.shape[0])
+
+    def encode(self, matrices: dict[str, np.ndarray]) -> np.ndarray:
+        """The solution vector of a schedule given as T x T matrices (R, S_RAM, S_SSD, M_IN, M_OUT),
+        with FREE and U derived by the formulation's own rules: a MIP start for the solver."""
+        x = np.zeros(self.n_cols)
+        for name, idx in self.index.items():
+            exists = idx >= 0
+            x[idx[exists]] = np.asarray(matrices[name], dtype=float)[exists]
+        R = np.asarray(matrices["R"], dtype=bool)
+        S_RAM = np.asarray(matrices["S_RAM"], dtype=bool)
+        T = R.shape[0]
+        src, dst = self.edges[:, 0], self.edges[:, 1]
+        b = self.node_bytes
+        for t in range(T):
+            keep_next = S_RAM[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
+            computed = np.flatnonzero(R[t])
+            # the last node of stage t that reads each tensor
+            last_reader = np.full(T, -1)
+            for k in computed:
+                last_reader[src[dst == k]] = k
+            free = R[t, dst] & ~keep_next[src] & (last_reader[src] == dst)
+            cols = self.free_index[t]
+            has = cols >= 0
+            x[cols[has]] = free[has]
+            memory = float(R[t, 0] * b[0] + S_RAM[t] @ b)
+            if self.charge_pagein:
+                memory += float(np.asarray(matrices["M_IN"], dtype=bool)[t] @ b)
+            x[self.u_index[t, 0]] = memory
+            for k in range(t):
+                memory += R[t, k + 1] * b[k + 1] - float(b[src[(dst == k) & free]].sum())
+                x[self.u_index[t, k + 1]] = memory
+        return x
 
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The T x T boolean matrices of a solution vector (values rounded at 0.5)."""
@@ -277,6 +314,11 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         col_upper=np.concatenate(cols.upper),
         integer=np.concatenate(cols.integer),
         index={"R": R, "S_RAM": S_RAM, "S_SSD": S_SSD, "M_IN": M_IN, "M_OUT": M_OUT},
+        free_index=FREE,
+        u_index=U,
+        edges=edges,
+        node_bytes=b,
+        charge_pagein=options.charge_pagein,
         fixed_bytes=fixed,
         runtime_budget_s=runtime_budget_s,
     )

@@ -126,14 +126,17 @@ def platform_from_mapping(spec: Any, origin: str) -> Platform:
     def fail(problem: str) -> PlatformSpecError:
         return PlatformSpecError(f"{origin}: {problem}")
 
+    def check_keys(mapping: Mapping, allowed: frozenset[str], required: tuple[str, ...], prefix: str = "") -> None:
+        unknown = set(mapping) - allowed
+        if unknown:
+            raise fail(f"unknown key '{prefix}{sorted(unknown)[0]}'; allowed: {', '.join(sorted(allowed))}")
+        for key in required:
+            if key not in mapping:
+                raise fail(f"missing field '{prefix}{key}'")
+
     if not isinstance(spec, Mapping):
         raise fail("expected a mapping with keys name, description, coefficients")
-    unknown = set(spec) - _TOP_LEVEL_KEYS
-    if unknown:
-        raise fail(f"unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_TOP_LEVEL_KEYS))}")
-    for key in ("name", "description", "coefficients"):
-        if key not in spec:
-            raise fail(f"missing field {key!r}")
+    check_keys(spec, _TOP_LEVEL_KEYS, ("name", "description", "coefficients"))
     name, description = spec["name"], spec["description"]
     if not isinstance(name, str) or not name.isidentifier():
         raise fail(f"field 'name' must be a short identifier, got {name!r}")
@@ -157,12 +160,7 @@ def platform_from_mapping(spec: Any, origin: str) -> Platform:
         entry = coefficients[key]
         if not isinstance(entry, Mapping):
             raise fail(f"field {where!r} must be a mapping with value, unit and source")
-        extra = set(entry) - _COEFFICIENT_KEYS
-        if extra:
-            raise fail(f"unknown key {where}.{sorted(extra)[0]}; allowed: value, unit, source")
-        for part in ("value", "unit", "source"):
-            if part not in entry:
-                raise fail(f"missing field '{where}.{part}'")
+        check_keys(entry, _COEFFICIENT_KEYS, ("value", "unit", "source"), prefix=f"{where}.")
         if entry["unit"] != unit:
             raise fail(f"field {where!r} must be in {unit!r}, the file says {entry['unit']!r}")
         if not isinstance(entry["source"], str) or not entry["source"].strip():

@@ -25,6 +25,7 @@ import numpy as np
 from poetlab.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.graph import TrainingGraph
+from poetlab.heuristics import greedy_paging_schedule
 from poetlab.milp import MilpOptions, build_milp
 from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.solvers import SOLVERS, relative_gap, run_milp
@@ -193,8 +194,17 @@ def solve(
 
     model = build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
-    answer = run_milp(model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, verbose=verbose)
+    start, start_sim = _paging_start(graph, costs, options, replay) if paging else (None, None)
+    answer = run_milp(
+        model, solver=solver, time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
+        start=None if start is None else model.encode(start.matrices().as_dict()),
+    )
     bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
+    if answer.x is None and start is not None and answer.status != "infeasible":
+        log.info("the solver found nothing better than the greedy paging start within its time limit; returning that")
+        gap = relative_gap(start_sim.energy_j, bound)
+        message = f"time limit of {time_limit_s:g} s reached; returning the greedy paging schedule, gap {gap:.3%}"
+        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
     if answer.x is None:
         if answer.status == "infeasible":
             runtime = "" if runtime_budget_factor is None else f" within {runtime_budget_factor:g}x the plain-step runtime"
@@ -221,3 +231,18 @@ def solve(
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
     }.get(answer.status, answer.status)
     return result(answer.status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
+
+
+def _paging_start(graph, costs, options: MilpOptions, replay) -> tuple[Schedule | None, SimulationResult | None]:
+    """The greedy paging schedule, if it exists and replays within the budgets."""
+    budget = options.ram_budget_bytes - (2 * graph.param_bytes if options.params_in_budget else 0)
+    schedule = greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)
+    if schedule is None:
+        return None, None
+    try:
+        sim = replay(schedule)
+    except InvalidScheduleError as exc:
+        log.info("greedy paging start does not replay (%s); solving without a start", exc)
+        return None, None
+    log.info("greedy paging start: %.10g J (%d page-outs)", sim.energy_j, sim.n_pageouts)
+    return schedule, sim

@@ -62,6 +62,9 @@ class ScheduleMatrices:
     M_IN: np.ndarray
     M_OUT: np.ndarray
 
+    def as_dict(self) -> dict[str, np.ndarray]:
+        return {"R": self.R, "S_RAM": self.S_RAM, "S_SSD": self.S_SSD, "M_IN": self.M_IN, "M_OUT": self.M_OUT}
+
 
 @dataclass(frozen=True)
 class Schedule:

@@ -104,7 +104,7 @@ def choose_solver(model: MilpModel, solver: str) -> str:
     return "highs"
 
 
-def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool) -> MilpSolution:
+def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None) -> MilpSolution:
     import gurobipy as gp
     from gurobipy import GRB
 
@@ -119,6 +119,8 @@ def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads
         if finite_lower.any():
             m.addMConstr(model.A[finite_lower], x, ">", model.row_lower[finite_lower])
         m.setMObjective(None, model.c, 0.0, sense=GRB.MINIMIZE)
+        if start is not None:
+            x.Start = start
         m.Params.TimeLimit = time_limit_s
         m.Params.MIPGap = mip_gap
         m.Params.Seed = 0
@@ -150,7 +152,7 @@ def _read_messages(stream, inbox: queue.Queue) -> None:
         inbox.put(None)
 
 
-def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool) -> MilpSolution:
+def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None) -> MilpSolution:
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "poetlab._highs_worker"],
@@ -167,7 +169,7 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
     final = None
     try:
         try:
-            pickle.dump((model, time_limit_s, mip_gap, threads, verbose), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump((model, time_limit_s, mip_gap, threads, verbose, start), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             process.stdin.close()
         except BrokenPipeError:
             pass
@@ -214,9 +216,10 @@ def run_milp(
     mip_gap: float = 1e-4,
     threads: int | None = None,
     verbose: bool = False,
+    start: np.ndarray | None = None,
 ) -> MilpSolution:
-    """Solve ``model`` with the chosen backend (``auto``: Gurobi when its license covers the model)."""
+    """Solve ``model`` with the chosen backend (``auto``: Gurobi when its license covers the model),
+    from the feasible solution ``start`` where one is given."""
     backend = choose_solver(model, solver)
-    if backend == "gurobi":
-        return _solve_gurobi(model, time_limit_s, mip_gap, threads, verbose)
-    return _solve_highs(model, time_limit_s, mip_gap, threads, verbose)
+    solve_with = _solve_gurobi if backend == "gurobi" else _solve_highs
+    return solve_with(model, time_limit_s, mip_gap, threads, verbose, start)

@@ -1,0 +1,89 @@
+"""A quick feasible schedule to start the MILP from: checkpoint-all, then greedy paging.
+
+On large graphs HiGHS can spend minutes in the root LP before it finds any solution, so a solve that
+stops at its time limit may have nothing to show. This heuristic gives it (and the user) a valid
+schedule at once: every node is computed exactly once, in order, and tensors that sit idle in RAM
+across the stage of peak memory are paged out after one use and back in just before the next, choosing
+each time the tensor that frees the most bytes per joule of paging, until every stage fits the budget.
+The MILP then only has to improve on it; if it cannot, the heuristic's schedule is the answer, with
+its gap to the MILP's bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from poetlab.costs import CostModel
+from poetlab.graph import TrainingGraph
+from poetlab.schedule import Schedule
+
+
+def _stage_memory(S_RAM: np.ndarray, M_IN: np.ndarray, nbytes: np.ndarray, prefetch: bool) -> np.ndarray:
+    """RAM at the peak of each stage when stage t computes only node t (Checkmate accounting)."""
+    memory = S_RAM.astype(float) @ nbytes + nbytes
+    if prefetch:
+        memory += M_IN.astype(float) @ nbytes
+    return memory
+
+
+def greedy_paging_schedule(
+    graph: TrainingGraph,
+    costs: CostModel,
+    ram_budget_bytes: float,
+    prefetch: bool = False,
+) -> Schedule | None:
+    """A schedule with no recomputation whose every stage fits ``ram_budget_bytes``, or None.
+
+    The budget is checked with the MILP's accounting; the caller replays the result with
+    :func:`~poetlab.schedule.simulate` before trusting it.
+    """
+    T = graph.n_nodes
+    nbytes = graph.output_bytes.astype(float)
+    uses = [sorted(set(users)) for users in graph.consumers]
+    stage = np.arange(T)
+    # checkpoint-all: tensor i is held at the start of stages i+1 .. last use
+    last_use = np.array([u[-1] if u else i for i, u in enumerate(uses)])
+    S_RAM = (stage[None, :] < stage[:, None]) & (last_use[None, :] >= stage[:, None])
+    S_SSD = np.zeros((T, T), dtype=bool)
+    M_IN = np.zeros((T, T), dtype=bool)
+    M_OUT = np.zeros((T, T), dtype=bool)
+    paged: list[list[tuple[int, int]]] = [[] for _ in range(T)]  # per tensor, the idle intervals spent on flash
+    is_input = np.zeros((T, T), dtype=bool)
+    for k, node in enumerate(graph.nodes):
+        is_input[k, list(set(node.inputs))] = True
+    paging_energy = costs.pagein_energy_j + costs.pageout_energy_j
+
+    def apply(i: int) -> None:
+        """Rewrite tensor i's column from its paged intervals."""
+        intervals = sorted(paged[i])
+        S_RAM[:, i] = (stage > i) & (stage <= last_use[i])
+        S_SSD[:, i] = M_IN[:, i] = M_OUT[:, i] = False
+        out_stage = intervals[0][0] + 1
+        M_OUT[out_stage, i] = True
+        for previous, following in intervals:
+            first_gone = previous + 2 if previous + 1 == out_stage else previous + 1
+            S_RAM[first_gone:following, i] = False
+            M_IN[following - 1, i] = True
+        S_SSD[out_stage + 1 : intervals[-1][1], i] = True
+
+    memory = _stage_memory(S_RAM, M_IN, nbytes, prefetch)
+    while memory.max() > ram_budget_bytes:
+        t = int(memory.argmax())
+        best, best_score = None, 0.0
+        for i in np.flatnonzero(S_RAM[t] & ~is_input[t]):
+            earlier = [u for u in uses[i] if u < t]
+            previous = max(earlier) if earlier else int(i)
+            following = min(u for u in uses[i] if u > t)
+            first_out = min([p for p, _ in paged[i]] + [previous]) + 1
+            gone_from = previous + 2 if previous + 1 == first_out else previous + 1
+            if not gone_from <= t <= following - 1 or following - 1 < first_out + 1:
+                continue
+            score = nbytes[i] / max(paging_energy[i], 1e-300)
+            if score > best_score:
+                best, best_score = int(i), score
+        if best is None:
+            return None
+        paged[best].append((max([u for u in uses[best] if u < t], default=best), min(u for u in uses[best] if u > t)))
+        apply(best)
+        memory = _stage_memory(S_RAM, M_IN, nbytes, prefetch)
+    return Schedule.from_matrices(graph, np.eye(T, dtype=bool), S_RAM, S_SSD, M_IN, M_OUT, prefetch=prefetch)

@@ -1,0 +1,62 @@
+"""The MILP formulation against the simulator: a schedule the simulator accepts, encoded as a solution
+vector, satisfies every row of the MILP, and its objective is the simulated energy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poetlab import CostModel, build_paper_graph, load_platform
+from poetlab.heuristics import greedy_paging_schedule
+from poetlab.milp import MilpOptions, build_milp
+from poetlab.poet_solver import min_footprint_bytes
+from poetlab.schedule import checkpoint_all_schedule, simulate
+
+from small_graphs import residual
+
+
+def _feasible(model, x, tol=1e-6):
+    activity = model.A @ x
+    scale = 1 + np.abs(activity)
+    rows_ok = (activity >= model.row_lower - tol * scale) & (activity <= model.row_upper + tol * scale)
+    cols_ok = (x >= model.col_lower - tol) & (x <= model.col_upper + tol * (1 + np.abs(x)))
+    return rows_ok.all() and cols_ok.all(), np.flatnonzero(~rows_ok)
+
+
+@pytest.mark.parametrize("model_name,platform,fraction", [("linear", "m0", 0.6), ("resnet18_cifar", "a72", 0.6), ("vgg16_cifar", "m4", 0.7)])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_greedy_paging_schedule_replays_and_encodes(model_name, platform, fraction, prefetch):
+    graph = build_paper_graph(model_name)
+    costs = CostModel.from_flops(graph, load_platform(platform))
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    budget = int(fraction * peak)
+    schedule = greedy_paging_schedule(graph, costs, budget, prefetch=prefetch)
+    assert schedule is not None
+    sim = simulate(schedule, graph, costs, ram_budget_bytes=budget)
+    assert sim.n_recomputes == 0 and sim.n_pageouts > 0 and sim.n_pageins >= sim.n_pageouts
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.0, charge_pagein=prefetch))
+    x = model.encode(schedule.matrices().as_dict())
+    ok, bad_rows = _feasible(model, x)
+    assert ok, f"rows violated: {bad_rows[:5]}"
+    assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
+    decoded = model.decode(x)
+    assert np.array_equal(decoded["R"], schedule.matrices().R[: graph.n_nodes])
+
+
+def test_checkpoint_all_is_feasible_for_the_milp_exactly_at_its_peak():
+    graph = residual()
+    costs = CostModel.from_flops(graph, load_platform("a72"))
+    schedule = checkpoint_all_schedule(graph)
+    peak = simulate(schedule, graph, costs).peak_ram_bytes
+    at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak, paging=False))
+    x = at_peak.encode(schedule.matrices().as_dict())
+    assert _feasible(at_peak, x)[0]
+    below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak - 1, paging=False))
+    assert not _feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+
+
+def test_greedy_paging_gives_up_below_the_footprint():
+    graph = build_paper_graph("linear")
+    costs = CostModel.from_flops(graph, load_platform("m0"))
+    footprint, _ = min_footprint_bytes(graph)
+    assert greedy_paging_schedule(graph, costs, footprint - 1) is None
