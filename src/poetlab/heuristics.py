@@ -1,12 +1,13 @@
-"""A quick feasible schedule to start the MILP from: checkpoint-all, then greedy paging.
+"""Quick feasible schedules to start the MILP from: checkpoint-all, then greedy paging or greedy remat.
 
 On large graphs HiGHS can spend minutes in the root LP before it finds any solution, so a solve that
-stops at its time limit may have nothing to show. This heuristic gives it (and the user) a valid
-schedule at once: every node is computed exactly once, in order, and tensors that sit idle in RAM
-across the stage of peak memory are paged out after one use and back in just before the next, choosing
-each time the tensor that frees the most bytes per joule of paging, until every stage fits the budget.
-The MILP then only has to improve on it; if it cannot, the heuristic's schedule is the answer, with
-its gap to the MILP's bound.
+stops at its time limit may have nothing to show. These heuristics give it (and the user) a valid
+schedule at once. Both start from checkpoint-all and, while the stage of peak memory is over the
+budget, evict a tensor that sits idle in RAM across that stage, choosing the one that frees the most
+bytes per joule: greedy paging pages it out after one use and back in just before the next; greedy
+remat drops it and recomputes it (and whatever else the stage then lacks) when it is needed. The MILP
+then only has to improve on the better of the two; if it cannot, that schedule is the answer, with its
+gap to the MILP's bound.
 """
 
 from __future__ import annotations
@@ -87,3 +88,79 @@ def greedy_paging_schedule(
         apply(best)
         memory = _stage_memory(S_RAM, M_IN, nbytes, prefetch)
     return Schedule.from_matrices(graph, np.eye(T, dtype=bool), S_RAM, S_SSD, M_IN, M_OUT, prefetch=prefetch)
+
+
+def minimal_recompute(graph: TrainingGraph, S_RAM: np.ndarray) -> np.ndarray:
+    """R: stage t computes node t and, going backwards, every node that a node computed in stage t
+    reads and that S_RAM[t] does not hold (Checkmate's fewest-recomputations R for a given S)."""
+    T = graph.n_nodes
+    R = np.eye(T, dtype=bool)
+    consumers = graph.consumers
+    for t in range(T):
+        for i in range(t - 1, -1, -1):
+            if not S_RAM[t, i] and any(j <= t and R[t, j] for j in consumers[i]):
+                R[t, i] = True
+    return R
+
+
+def _stage_peaks(graph: TrainingGraph, R: np.ndarray, S_RAM: np.ndarray) -> np.ndarray:
+    """Peak RAM of each stage under the MILP's accounting: what S_RAM holds, plus each computed
+    output, minus inputs freed after their last reader in the stage unless kept for the next."""
+    T = graph.n_nodes
+    nbytes = graph.output_bytes
+    inputs = [sorted(set(node.inputs)) for node in graph.nodes]
+    peaks = np.zeros(T)
+    for t in range(T):
+        keep = S_RAM[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
+        computed = np.flatnonzero(R[t])
+        last_reader = {}
+        for k in computed:
+            for i in inputs[k]:
+                last_reader[i] = k
+        memory = float(S_RAM[t] @ nbytes)
+        peak = 0.0
+        for k in computed:
+            memory += nbytes[k]
+            peak = max(peak, memory)
+            memory -= sum(float(nbytes[i]) for i in inputs[k] if last_reader[i] == k and not keep[i])
+        peaks[t] = peak
+    return peaks
+
+
+def greedy_remat_schedule(
+    graph: TrainingGraph,
+    costs: CostModel,
+    ram_budget_bytes: float,
+    runtime_budget_s: float | None = None,
+) -> Schedule | None:
+    """A schedule with no paging that fits ``ram_budget_bytes``, or None: from checkpoint-all, drop
+    from the stage of peak memory the idle tensor that frees the most bytes per joule of recomputing
+    it, recomputing (with the fewest recomputations) whatever a stage then lacks, until every stage
+    fits. None too when the recomputations break ``runtime_budget_s``."""
+    T = graph.n_nodes
+    uses = [sorted(set(users)) for users in graph.consumers]
+    stage = np.arange(T)
+    last_use = np.array([u[-1] if u else i for i, u in enumerate(uses)])
+    S_RAM = (stage[None, :] < stage[:, None]) & (last_use[None, :] >= stage[:, None])
+    R = np.eye(T, dtype=bool)
+    energy = np.maximum(costs.compute_energy_j, 1e-300)
+    nbytes = graph.output_bytes.astype(float)
+    peaks = _stage_peaks(graph, R, S_RAM)
+    while peaks.max() > ram_budget_bytes:
+        t = int(peaks.argmax())
+        read_in_stage = np.zeros(T, dtype=bool)
+        for k in np.flatnonzero(R[t]):
+            read_in_stage[list(set(graph.nodes[k].inputs))] = True
+        candidates = np.flatnonzero(S_RAM[t] & ~read_in_stage)
+        if candidates.size == 0:
+            return None
+        i = int(candidates[np.argmax(nbytes[candidates] / energy[candidates])])
+        earlier = [u for u in uses[i] if u < t]
+        previous = max(earlier) if earlier else i
+        following = min(u for u in uses[i] if u >= t)
+        S_RAM[previous + 1 : following + 1, i] = False  # recomputed in stage `following`, kept after
+        R = minimal_recompute(graph, S_RAM)
+        peaks = _stage_peaks(graph, R, S_RAM)
+    if runtime_budget_s is not None and float((R * costs.runtime_s[None, :]).sum()) > runtime_budget_s:
+        return None
+    return Schedule.from_matrices(graph, R, S_RAM)
