@@ -162,3 +162,15 @@ def test_time_limit_is_a_hard_limit():
         _replays(result, graph, costs)
     else:
         assert "time limit" in result.message
+
+
+def test_numpy_budgets_are_numbers():
+    import numpy as np
+
+    graph, costs, peak = _setup("resnet18_cifar", "a72")
+    result = solve(graph, costs, np.int64(3_000_000), np.float64(7.6))
+    assert result.status == "optimal"
+    with pytest.raises(InvalidArgumentError):
+        solve(graph, costs, True)
+    with pytest.raises(InvalidArgumentError):
+        solve(graph, costs, float("nan"))

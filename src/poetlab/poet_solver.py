@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -92,7 +93,7 @@ def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
 
 
 def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None) -> None:
-    if not (isinstance(ram_budget_bytes, int | float) and math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
+    if isinstance(ram_budget_bytes, bool) or not isinstance(ram_budget_bytes, numbers.Real) or not (math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
         raise InvalidArgumentError(f"RAM budget must be a positive number of bytes, got {ram_budget_bytes!r}")
     if runtime_budget_factor is not None and not (math.isfinite(runtime_budget_factor) and runtime_budget_factor >= 1):
         raise InvalidArgumentError(
