@@ -16,6 +16,7 @@ from poetlab import __version__
 from poetlab._io import write_text_atomic
 from poetlab.costs import CostModel
 from poetlab.errors import PoetlabError
+from poetlab.graph import TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import available_platforms, load_platform
 from poetlab.poet_solver import solve
@@ -43,15 +44,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _add_platform_args(parser: argparse.ArgumentParser) -> None:
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="paper model name (see `poetlab models`)")
     parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`) or a platform YAML file")
     parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the checkout's data/platforms)")
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+
+
+def _graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:
+    platform = load_platform(args.platform, args.platform_dir)
+    graph = build_paper_graph(args.model, args.batch_size)
+    return graph, CostModel.from_flops(graph, platform)
 
 
 def _cmd_graph(args: argparse.Namespace) -> int:
-    platform = load_platform(args.platform, args.platform_dir)
-    graph = build_paper_graph(args.model, args.batch_size)
-    summary = summarize_graph(graph, CostModel.from_flops(graph, platform))
+    graph, costs = _graph_and_costs(args)
+    summary = summarize_graph(graph, costs)
     if args.output:
         write_text_atomic(args.output, graph.to_json())
         log.info("wrote the training graph to %s", args.output)
@@ -76,9 +84,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
-    platform = load_platform(args.platform, args.platform_dir)
-    graph = build_paper_graph(args.model, args.batch_size)
-    costs = CostModel.from_flops(graph, platform)
+    graph, costs = _graph_and_costs(args)
     result = solve(
         graph,
         costs,
@@ -101,7 +107,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         title = f"{args.model} on {args.platform}: {result.status}, {result.energy_j:.6g} J"
         save_figure(schedule_figure(result.schedule, result.simulation, args.ram_budget, title), args.plot)
     if args.json:
-        print(json.dumps({"model": args.model, "platform": platform.name, **result.to_dict()}, indent=2))
+        print(json.dumps({"model": args.model, "platform": costs.platform, **result.to_dict()}, indent=2))
     elif result.schedule is None:
         print(f"{result.status}: {result.message}")
     else:
@@ -146,17 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     graph = commands.add_parser("graph", help="summarise a model's training graph on a platform")
-    graph.add_argument("--model", required=True, help="paper model name (see `poetlab models`)")
-    _add_platform_args(graph)
-    graph.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+    _add_model_args(graph)
     graph.add_argument("--json", action="store_true", help="print one JSON object")
     graph.add_argument("--output", default=None, metavar="FILE", help="also write the training graph as JSON to FILE")
     graph.set_defaults(run=_cmd_graph)
 
     solve = commands.add_parser("solve", help="the minimum-energy remat + paging schedule within the budgets (the POET MILP)")
-    solve.add_argument("--model", required=True, help="paper model name (see `poetlab models`)")
-    _add_platform_args(solve)
-    solve.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+    _add_model_args(solve)
     solve.add_argument("--ram-budget", type=_positive_float, required=True, metavar="BYTES", help="RAM budget in bytes")
     solve.add_argument("--runtime-budget", type=float, default=None, metavar="FACTOR", help="runtime budget as a factor (>= 1) of one plain step; none by default")
     solve.add_argument("--no-paging", action="store_true", help="forbid paging (Checkmate's remat-only problem)")
