@@ -114,10 +114,10 @@ class MilpModel:
             memory = float(R[t, 0] * b[0] + S_RAM[t] @ b)
             if self.charge_pagein:
                 memory += float(np.asarray(matrices["M_IN"], dtype=bool)[t] @ b)
-            x[self.u_index[t, 0]] = memory
-            for k in range(t):
-                memory += R[t, k + 1] * b[k + 1] - float(b[src[(dst == k) & free]].sum())
-                x[self.u_index[t, k + 1]] = memory
+            # U[t, k+1] = U[t, k] + R[t, k+1] b[k+1] - (bytes freed after node k)
+            freed_after = np.bincount(dst[free], weights=b[src[free]], minlength=T)
+            steps = R[t, 1 : t + 1] * b[1 : t + 1] - freed_after[:t]
+            x[self.u_index[t, : t + 1]] = memory + np.concatenate(([0.0], np.cumsum(steps)))
         return x
 
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
