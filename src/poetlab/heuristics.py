@@ -91,15 +91,21 @@ def greedy_paging_schedule(
 
 
 def minimal_recompute(graph: TrainingGraph, S_RAM: np.ndarray) -> np.ndarray:
-    """R: stage t computes node t and, going backwards, every node that a node computed in stage t
-    reads and that S_RAM[t] does not hold (Checkmate's fewest-recomputations R for a given S)."""
+    """The fewest recomputations that make ``S_RAM`` (what each stage holds) consistent: stage t
+    computes node t, every tensor S_RAM[t + 1] keeps that S_RAM[t] does not hold, and, going backwards,
+    every node that a node computed in stage t reads and S_RAM[t] does not hold (Checkmate's R for a
+    given S)."""
     T = graph.n_nodes
+    S_RAM = np.asarray(S_RAM, dtype=bool)
     R = np.eye(T, dtype=bool)
-    consumers = graph.consumers
+    R[:-1] |= S_RAM[1:T] & ~S_RAM[:-1]
+    inputs = [sorted(set(node.inputs)) for node in graph.nodes]
     for t in range(T):
-        for i in range(t - 1, -1, -1):
-            if not S_RAM[t, i] and any(j <= t and R[t, j] for j in consumers[i]):
-                R[t, i] = True
+        for v in range(t, -1, -1):
+            if R[t, v]:
+                for u in inputs[v]:
+                    if not S_RAM[t, u]:
+                        R[t, u] = True
     return R
 
 

@@ -1,0 +1,17 @@
+"""Checkpoint-all: compute every node once and keep each tensor until its last use.
+
+No recomputation, no paging: the memory-hungry reference point of Checkmate (Jain et al., MLSys 2020)
+and of the POET paper, whose energy is one plain training step's.
+"""
+
+from __future__ import annotations
+
+from poetlab.costs import CostModel
+from poetlab.graph import TrainingGraph
+from poetlab.schedule import Schedule, checkpoint_all_schedule
+
+from poetlab.baselines.base import Budgets
+
+
+def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+    return checkpoint_all_schedule(graph)
