@@ -174,3 +174,13 @@ def test_numpy_budgets_are_numbers():
         solve(graph, costs, True)
     with pytest.raises(InvalidArgumentError):
         solve(graph, costs, float("nan"))
+
+
+def test_staged_and_unstaged_reach_the_same_optimum():
+    graph, costs, peak = _setup("linear", "m0")
+    budget = int(0.55 * peak)
+    staged = solve(graph, costs, budget, 2.0)
+    direct = solve(graph, costs, budget, 2.0, staged=False)
+    assert staged.status == direct.status == "optimal"
+    assert staged.energy_j == pytest.approx(direct.energy_j, rel=2e-4)
+    _replays(direct, graph, costs)
