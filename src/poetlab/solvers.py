@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.milp import MilpModel
@@ -167,6 +168,8 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
     best_objective: float | None = None
     best_x: np.ndarray | None = None
     final = None
+    # elapsed seconds against the time limit, and the best energy so far; silent when not on a terminal
+    progress = tqdm(total=round(time_limit_s), unit="s", desc="HiGHS", leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
     try:
         try:
             pickle.dump((model, time_limit_s, mip_gap, threads, verbose, start), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -178,8 +181,10 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
             if remaining <= 0:
                 log.warning("HiGHS ignored its %g s time limit; stopped it and kept the best solution so far", time_limit_s)
                 break
+            progress.n = min(time.perf_counter() - started, progress.total)
+            progress.refresh()
             try:
-                message = inbox.get(timeout=remaining)
+                message = inbox.get(timeout=min(remaining, 1.0))
             except queue.Empty:
                 continue
             if message is None:
@@ -187,9 +192,11 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
             if message[0] == "incumbent":
                 if best_objective is None or message[1] < best_objective:
                     best_objective, best_x = message[1], message[2]
+                    progress.set_postfix_str(f"best {best_objective:.8g} J")
             else:
                 final = message
     finally:
+        progress.close()
         if process.poll() is None:
             process.kill()
         process.wait()
