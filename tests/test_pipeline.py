@@ -1,4 +1,4 @@
-"""The pipeline's notebooks, executed for real with papermill on small parameters."""
+"""The pipeline: its presets, and its notebooks executed for real with papermill on the smoke preset."""
 
 from __future__ import annotations
 
@@ -7,20 +7,47 @@ import json
 import pandas as pd
 import papermill
 import pytest
+import yaml
 
 from conftest import REPO
+from poetlab.errors import InvalidArgumentError, UnknownNameError
+from poetlab.pipeline import load_params, stage_params
+
+PARAMS = REPO / "params.yaml"
+
+
+def run_notebook(name: str, tmp_path, preset: str = "smoke") -> None:
+    papermill.execute_notebook(
+        str(REPO / "notebooks" / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"),
+        parameters={"preset": preset, "params_file": str(PARAMS), "output_dir": str(tmp_path)},
+        kernel_name="python3", cwd=str(REPO), progress_bar=False,
+    )
+
+
+def test_presets_share_their_stages():
+    params = load_params(PARAMS)
+    assert params["preset"] == "default"  # what `make repro` runs and what is committed
+    assert set(params["presets"]) == {"smoke", "default", "full"}
+    stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    for preset in params["presets"].values():
+        assert stages <= set(preset)
+
+
+def test_stage_params_errors(tmp_path):
+    with pytest.raises(UnknownNameError, match="valid presets"):
+        stage_params("graphs", "bogus", PARAMS)
+    with pytest.raises(InvalidArgumentError, match="no section"):
+        stage_params("nosuchstage", "smoke", PARAMS)
+    broken = tmp_path / "params.yaml"
+    broken.write_text("presets: [unclosed\n")
+    with pytest.raises(InvalidArgumentError, match="not valid YAML"):
+        stage_params("graphs", "smoke", broken)
+    with pytest.raises(InvalidArgumentError, match="cannot read"):
+        stage_params("graphs", "smoke", tmp_path / "missing.yaml")
 
 
 def test_graphs_notebook_writes_table_and_metrics(tmp_path):
-    params = {"graphs": {"models": ["linear", "resnet18_cifar"], "platforms": ["m0", "a72"], "batch_size": 1}, "output_dir": str(tmp_path)}
-    papermill.execute_notebook(
-        str(REPO / "notebooks" / "graphs.ipynb"),
-        str(tmp_path / "graphs.ipynb"),
-        parameters=params,
-        kernel_name="python3",
-        cwd=str(REPO),
-        progress_bar=False,
-    )
+    run_notebook("graphs", tmp_path)
     table = pd.read_csv(tmp_path / "tables" / "graphs.csv")
     assert len(table) == 4
     row = table[(table.model == "linear") & (table.platform == "m0")].iloc[0]
@@ -31,11 +58,27 @@ def test_graphs_notebook_writes_table_and_metrics(tmp_path):
     assert (tmp_path / "tables" / "graphs.md").read_text().startswith("| model")
 
 
-def test_committed_outputs_match_params():
-    """The committed table covers exactly the models and platforms params.yaml asks for."""
-    import yaml
+def test_baselines_notebook_writes_results_figures_and_metrics(tmp_path):
+    run_notebook("baselines", tmp_path)
+    smoke = stage_params("baselines", "smoke", PARAMS)
+    table = pd.read_csv(tmp_path / "results" / "baselines.csv")
+    assert len(table) == len(smoke["fractions"]) * len(smoke["methods"]) * len(smoke["cases"])
+    metrics = json.loads((tmp_path / "metrics" / "baselines.json").read_text())
+    poet = metrics["linear/m0"]["poet"]
+    assert poet["n_feasible"] == len(smoke["fractions"])  # POET trains at every budget, down to the footprint
+    assert metrics["linear/m0"]["checkpoint_all"]["n_feasible"] == 1  # only at its own peak
+    assert metrics["methods_below_poet"] == []
+    for suffix in ("png", "pdf"):
+        assert (tmp_path / "figures" / f"baselines.{suffix}").stat().st_size > 1000
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())["graphs"]
+
+def test_committed_outputs_match_the_active_preset():
+    graphs = stage_params("graphs", path=PARAMS)
     table = pd.read_csv(REPO / "experiments" / "tables" / "graphs.csv")
-    assert sorted(set(table.model)) == sorted(params["models"])
-    assert sorted(set(table.platform)) == sorted(params["platforms"])
+    assert sorted(set(table.model)) == sorted(graphs["models"])
+    assert sorted(set(table.platform)) == sorted(graphs["platforms"])
+    baselines = stage_params("baselines", path=PARAMS)
+    table = pd.read_csv(REPO / "experiments" / "results" / "baselines.csv")
+    assert sorted(set(zip(table.model, table.platform))) == sorted(tuple(case) for case in baselines["cases"])
+    assert list(dict.fromkeys(table.method)) == baselines["methods"]
+    assert sorted(set(table.budget_fraction)) == sorted(baselines["fractions"])

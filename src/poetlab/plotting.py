@@ -1,4 +1,4 @@
-"""Figures of a schedule, with the kit's one seaborn style."""
+"""Figures of schedules and comparisons, with the kit's one seaborn style."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: the CLI and the pipeline run headless
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from poetlab.errors import OutputError  # noqa: E402
@@ -45,7 +46,21 @@ def schedule_figure(schedule: Schedule, simulation: SimulationResult, ram_budget
 
 def save_figure(fig: plt.Figure, path: str | os.PathLike[str]) -> Path:
     """Save with reproducible bytes (no timestamps in PDF or SVG metadata), then close the figure."""
-    path = Path(path)
+    try:
+        return _write_figure(fig, Path(path))
+    finally:
+        plt.close(fig)
+
+
+def save_figures(fig: plt.Figure, stem: str | os.PathLike[str], formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+    """Save ``stem.<format>`` for each format (the pipeline's PNG for reading, PDF for papers), then close."""
+    try:
+        return [_write_figure(fig, Path(f"{stem}.{suffix}")) for suffix in formats]
+    finally:
+        plt.close(fig)
+
+
+def _write_figure(fig: plt.Figure, path: Path) -> Path:
     metadata = {".pdf": {"CreationDate": None}, ".svg": {"Date": None}}.get(path.suffix.lower())
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +71,25 @@ def save_figure(fig: plt.Figure, path: str | os.PathLike[str]) -> Path:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}; free some space or choose another path") from exc
     except ValueError as exc:
         raise OutputError(f"cannot write {path}: {exc}; use a .png, .pdf or .svg file name") from exc
-    finally:
-        plt.close(fig)
     return path
+
+
+def comparison_figure(table: pd.DataFrame) -> plt.Figure:
+    """Energy overhead over one plain step against the memory budget, one line per method and one panel
+    per (model, platform); a method that cannot meet a budget has no point there."""
+    sns.set_theme(**STYLE)
+    data = table[table.feasible].assign(
+        case=lambda t: t.model + " / " + t.platform,
+        overhead_pct=lambda t: 100 * t.energy_overhead.astype(float),
+    )
+    cases = list(dict.fromkeys(table.model + " / " + table.platform))
+    grid = sns.relplot(
+        data=data, x="budget_fraction", y="overhead_pct", hue="method", style="method", col="case", col_order=cases,
+        kind="line", markers=True, dashes=False, height=3.4, aspect=1.1, facet_kws={"sharey": False},
+    )
+    grid.set(xlim=(1.02, -0.02))  # tighter budgets to the right
+    grid.set_axis_labels("memory budget (0: smallest footprint, 1: checkpoint-all peak)", "energy over a plain step (%)")
+    grid.set_titles("{col_name}")
+    for ax in grid.axes.flat:
+        ax.set_yscale("symlog", linthresh=1.0)
+    return grid.figure

@@ -1,6 +1,6 @@
 """Published memory-saving methods as planners on the kit's one schedule format and one simulator.
 
-Each method is a function ``plan(graph, costs, budgets) -> Schedule`` in a module of its own, which
+Each method is a function ``plan(graph, costs, budgets, options) -> Schedule`` in a module of its own, which
 raises :class:`CannotMeetBudget` with a one-line reason when the method has no schedule for the budget.
 :func:`run_baseline` replays every schedule with :func:`~poetlab.schedule.simulate` under the same
 budgets as POET's, so a method never gets a looser accounting than the MILP: a schedule over the budget
@@ -9,10 +9,11 @@ is reported as such, with the reason, never as a result.
 
 from __future__ import annotations
 
+import time
 from types import MappingProxyType
 
-from poetlab.baselines import chen, checkpoint_all, milp_variants
-from poetlab.baselines.base import BaselineResult, Budgets, CannotMeetBudget, Planner
+from poetlab.baselines import capuchin, chen, checkpoint_all, dtr, milp_variants, pofo, revolve
+from poetlab.baselines.base import BaselineResult, Budgets, CannotMeetBudget, Planner, PlanOptions
 from poetlab.costs import CostModel
 from poetlab.errors import UnknownNameError
 from poetlab.graph import TrainingGraph
@@ -27,23 +28,30 @@ BASELINES: MappingProxyType[str, Planner] = MappingProxyType(
         "chen_sqrtn_linearized": chen.plan_sqrtn_linearized,
         "chen_greedy": chen.plan_greedy,
         "chen_greedy_linearized": chen.plan_greedy_linearized,
+        "revolve": revolve.plan,
+        "pofo": pofo.plan,
+        "capuchin": capuchin.plan,
+        "dtr": dtr.plan,
     }
 )
 
-__all__ = ["BASELINES", "BaselineResult", "Budgets", "CannotMeetBudget", "run_baseline"]
+__all__ = ["BASELINES", "BaselineResult", "Budgets", "CannotMeetBudget", "PlanOptions", "run_baseline"]
 
 
-def run_baseline(method: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> BaselineResult:
+def run_baseline(
+    method: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()
+) -> BaselineResult:
     """Plan with ``method`` and replay the schedule within ``budgets``. A budget the method cannot meet
     gives a result that says why in one line, not an exception; an unknown method name raises."""
     if method not in BASELINES:
         raise UnknownNameError("baseline", method, BASELINES)
+    started = time.perf_counter()
     try:
-        schedule = BASELINES[method](graph, costs, budgets)
+        schedule = BASELINES[method](graph, costs, budgets, options)
     except CannotMeetBudget as exc:
-        return BaselineResult(method, False, str(exc))
+        return BaselineResult(method, False, str(exc), plan_time_s=time.perf_counter() - started)
     try:
         sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
     except InvalidScheduleError as exc:
-        return BaselineResult(method, False, f"{method} does not fit: {exc.reason}", schedule)
-    return BaselineResult(method, True, "fits the budgets", schedule, sim)
+        return BaselineResult(method, False, f"{method} does not fit: {exc.reason}", schedule, plan_time_s=time.perf_counter() - started)
+    return BaselineResult(method, True, "fits the budgets", schedule, sim, plan_time_s=time.perf_counter() - started)

@@ -1,4 +1,4 @@
-"""What every baseline shares: its budgets, its way of saying no, and its result."""
+"""What every baseline shares: its budgets, its options, its way of saying no, and its result."""
 
 from __future__ import annotations
 
@@ -22,21 +22,34 @@ class Budgets:
         return None if self.runtime_factor is None else self.runtime_factor * costs.plain_step_runtime_s
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """How hard a planner may try: the MILP-based methods' time limit and solver threads (the others
+    ignore both)."""
+
+    time_limit_s: float = 60.0
+    threads: int | None = None
+
+
 class CannotMeetBudget(PoetlabError):
     """A method has no schedule within the budgets; the message says why in one line."""
 
 
 @dataclass(frozen=True)
 class BaselineResult:
+    """One method's answer: a schedule replayed by the simulator, or a one-line reason why there is none.
+    ``plan_time_s`` is the wall time of planning and replay together."""
+
     method: str
     feasible: bool
     reason: str
     schedule: Schedule | None = None
     simulation: SimulationResult | None = None
+    plan_time_s: float = 0.0
 
     @property
     def energy_j(self) -> float | None:
         return self.simulation.energy_j if self.simulation else None
 
 
-Planner = Callable[[TrainingGraph, CostModel, Budgets], Schedule]
+Planner = Callable[[TrainingGraph, CostModel, Budgets, PlanOptions], Schedule]

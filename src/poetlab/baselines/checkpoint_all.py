@@ -10,8 +10,8 @@ from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
 from poetlab.schedule import Schedule, checkpoint_all_schedule
 
-from poetlab.baselines.base import Budgets
+from poetlab.baselines.base import Budgets, PlanOptions
 
 
-def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
     return checkpoint_all_schedule(graph)

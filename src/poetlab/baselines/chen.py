@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
 from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
 from poetlab.heuristics import minimal_recompute
@@ -131,17 +131,17 @@ def _greedy(graph: TrainingGraph, costs: CostModel, budgets: Budgets, linearized
     return best[1]
 
 
-def plan_sqrtn(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+def plan_sqrtn(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
     return _sqrtn(graph, linearized=False)
 
 
-def plan_sqrtn_linearized(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+def plan_sqrtn_linearized(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
     return _sqrtn(graph, linearized=True)
 
 
-def plan_greedy(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+def plan_greedy(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
     return _greedy(graph, costs, budgets, linearized=False, method="chen_greedy")
 
 
-def plan_greedy_linearized(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+def plan_greedy_linearized(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
     return _greedy(graph, costs, budgets, linearized=True, method="chen_greedy_linearized")

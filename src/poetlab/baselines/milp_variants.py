@@ -5,31 +5,47 @@
   the flop cost model, compute energy is proportional to it, so the optima coincide.
 - Paging only: the MILP with recomputation off, the "paging" arm of the POET paper's Fig. 4.
 
-Both go through :func:`poetlab.solve` (certificate, greedy start, time limit) with a 60 s default limit.
+Both go through :func:`poetlab.solve` (certificate, greedy start, time limit), so they differ from POET
+in the levers alone. :func:`solve_variant` keeps the solver's status and gap for tables that show them.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
 from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
-from poetlab.poet_solver import solve
+from poetlab.poet_solver import SolveResult, solve
 from poetlab.schedule import Schedule
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget
+MILP_VARIANTS: MappingProxyType[str, MappingProxyType[str, bool]] = MappingProxyType(
+    {
+        "poet": MappingProxyType({}),
+        "checkmate": MappingProxyType({"paging": False}),
+        "paging_only": MappingProxyType({"remat": False}),
+    }
+)
 
-TIME_LIMIT_S = 60.0
+
+def solve_variant(variant: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> SolveResult:
+    """Solve the MILP with the levers of ``variant`` (a key of :data:`MILP_VARIANTS`)."""
+    return solve(
+        graph, costs, budgets.ram_bytes, budgets.runtime_factor,
+        time_limit_s=options.time_limit_s, threads=options.threads, **MILP_VARIANTS[variant],
+    )
 
 
-def _plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, **flags: bool) -> Schedule:
-    result = solve(graph, costs, budgets.ram_bytes, budgets.runtime_factor, time_limit_s=TIME_LIMIT_S, **flags)
+def _plan(variant: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions) -> Schedule:
+    result = solve_variant(variant, graph, costs, budgets, options)
     if result.schedule is None:
-        raise CannotMeetBudget(result.message)
+        raise CannotMeetBudget(f"{variant}: {result.message}")
     return result.schedule
 
 
-def plan_checkmate(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
-    return _plan(graph, costs, budgets, paging=False)
+def plan_checkmate(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
+    return _plan("checkmate", graph, costs, budgets, options)
 
 
-def plan_paging_only(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
-    return _plan(graph, costs, budgets, remat=False)
+def plan_paging_only(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
+    return _plan("paging_only", graph, costs, budgets, options)

@@ -1,0 +1,365 @@
+"""Beaumont, Eyraud-Dubois & Shilova, "Efficient Combination of Rematerialization and Offloading for
+Training DNNs" (NeurIPS 2021): POFO, a dynamic program over a chain that decides, for every activation,
+whether to keep it, recompute it or offload it, with the transfers overlapping the computations.
+
+Reproduced: their dynamic program over a chain (the rotor/revolve recursion "advance from the left
+state to a split point, reverse the right part, then the left part", over every split point and a
+discretised memory budget), extended as POFO extends it by offloading: while the right part runs, the
+left state is kept in RAM, paged out to flash (once: a tensor already on flash is just dropped) and
+paged back in, or, for a source node such as the input, dropped and recomputed; a step's tape (the
+interior of a block) may be kept from the advance. Adapted to the kit's cost model: the objective is
+energy (recomputation energy plus page-in and page-out energy) instead of makespan; paging time does
+not count, as in the POET release, whose runtime budget counts compute only (POFO's "transfers overlap
+compute", taken to the limit); memory is discretised into slots of the gcd of the tensor sizes, which
+is exact, unless the tables would then exceed ``MAX_CELLS``, when slots are coarser and every size is
+rounded up (safe, possibly above the optimum); and a runtime budget is met by a Lagrangian sweep
+(recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
+that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
+:func:`~poetlab.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
+transfers (bandwidth, the memory an offload holds until it completes), which neither the simulator nor
+the MILP charges.
+
+Against the POET MILP: POFO's schedules follow the MILP's stage rules (a recomputation in the stage of
+the backward node it serves, a page-out at the start of a stage in which the tensor is resident, a
+page-in at the end of a stage after the one that freed the tensor, frees after the last reader), so
+each is a feasible point of the MILP with the same objective (tested) and POFO is never below the
+MILP's true optimum. Measured on chains of 4, 6 and 8 ReLUs, the tests' ``mlp`` and the paper's
+``linear`` model, A72 and M0 costs, five budgets from 75% of checkpoint-all's peak down to the smallest
+footprint: equal to the MILP's optimum within 1e-12 in 50 of 50 cases without a runtime budget, and in
+116 of 120 with runtime budgets of 1.0x to 1.3x; the four others have a 1.05x budget between two
+Lagrangian plans (POFO 17% to 35% above). Two cautions. ``poetlab.solve`` itself stopped above the
+optimum on 6 of those 50 A72 cases (by up to 7%): A72 node energies (~1e-7 J) and runtimes (~1e-7 s)
+fall below the solvers' tolerances, and the same MILP with its objective in units of one plain step
+gives POFO's value, so compare with a scaled objective there. And POFO can be above the optimum by
+design, since the MILP may also drop a checkpoint and recompute it later (POFO's checkpoints persist
+until their left part is reversed, as in the paper), page out a tensor recomputed within a stage one
+stage later (POFO pages only states resident at a stage start), page or recompute any activation rather
+than only the states of its recursion, and, on branchy graphs, schedule inside a block.
+
+Branchy graphs (ResNets, BERT) are linearised as in :mod:`poetlab.baselines.revolve`: the states are
+the articulation points of the forward graph that no edge jumps over, the nodes between two of them
+are one step, advanced as a whole and recomputed as a whole (or kept as its tape) for its backward
+nodes. A graph that is not such a chain of blocks raises :class:`CannotMeetBudget`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from functools import reduce
+
+import numpy as np
+
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.baselines.revolve import (
+    BlockChain,
+    Hold,
+    NotABlockChain,
+    Reversal,
+    block_chain,
+    fragment_peak,
+    reversal_events,
+    schedule_from_events,
+)
+from poetlab.costs import CostModel
+from poetlab.graph import TrainingGraph
+from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
+
+#: Cells (pairs of states x modes x memory slots) the DP tables may hold, about 8 bytes each.
+MAX_CELLS = 6_000_000
+#: Runtime weights of the Lagrangian sweep, in units of (plain-step energy / plain-step runtime).
+LAMBDAS = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0)
+#: Halvings of the runtime weight between the last grid weight that breaks the runtime budget and the first that meets it.
+BISECTIONS = 12
+
+
+class Mode(enum.IntEnum):
+    """Where the left state of a reversal is when the reversal starts."""
+
+    FRESH = 0  # just recomputed in this stage: it cannot be paged out in this stage (MILP rule)
+    RESIDENT = 1  # in RAM since an earlier stage, not on flash
+    ON_FLASH = 2  # in RAM, with a copy on flash already
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Memory discretisation: ``unit`` bytes per slot, ``budget`` slots available."""
+
+    unit: int
+    budget: int
+
+    def of(self, nbytes: float) -> int:
+        """Slots that hold ``nbytes`` (rounded up, so that a plan that fits in slots fits in bytes)."""
+        return int(math.ceil(nbytes / self.unit))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to split a reversal: advance to state ``k``, hold the left state per ``hold``."""
+
+    k: int
+    hold: Hold
+    tape: bool
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """The prices of a chain's pieces under one cost weighting: sizes and peaks in slots (arrays indexed
+    by state 0..L or by step 1..L, index 0 unused), costs in joules (plus the runtime weight)."""
+
+    state: np.ndarray  # slots of each state
+    delta: np.ndarray  # slots of the gradient entering the reversal of step j (0 for the last step)
+    interior: np.ndarray  # slots of step j's interior
+    step_cost: np.ndarray  # cost of computing every node of step j
+    interior_cost: np.ndarray  # cost of recomputing step j's interior
+    drop: np.ndarray  # peak of advancing through step j, its start state freed after its last read
+    keep: np.ndarray  # ... its start state kept
+    tape_keep: np.ndarray  # ... keeping its start state and the whole step
+    tape_drop: np.ndarray  # ... keeping the whole step only
+    base: np.ndarray  # peak of reversing step j, its interior recomputed
+    base_taped: np.ndarray  # ... its interior still in RAM
+    source: np.ndarray  # state j reads nothing, so it can be recomputed from nothing
+    recompute_state: np.ndarray  # cost of recomputing state j
+    pagein: np.ndarray  # energy of paging state j in
+    pageout: np.ndarray  # energy of paging state j out
+
+
+def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Slots, weight: float) -> _Pieces:
+    nbytes = graph.output_bytes
+    inputs = [set(node.inputs) for node in graph.nodes]
+    node_cost = costs.compute_energy_j + weight * costs.runtime_s
+    L = chain.n_steps
+
+    def peak(resident: set[int], computes: tuple[int, ...], kept: set[int]) -> int:
+        return slots.of(fragment_peak(nbytes, inputs, resident, computes, kept))
+
+    per_step: dict[str, list[float]] = {name: [0] for name in (
+        "delta", "interior", "step_cost", "interior_cost", "drop", "keep", "tape_keep", "tape_drop", "base", "base_taped")}
+    for j in range(1, L + 1):
+        step, start, grad = chain.step(j), chain.points[j - 1], chain.delta(j)
+        gradient = set() if grad is None else {grad}
+        after = {start, step.backward[-1]}
+        values = {
+            "delta": 0 if grad is None else slots.of(nbytes[grad]),
+            "interior": slots.of(sum(int(nbytes[v]) for v in step.interior)),
+            "step_cost": float(node_cost[list(step.nodes)].sum()),
+            "interior_cost": float(node_cost[list(step.interior)].sum()),
+            "drop": peak({start}, step.nodes, {step.end}),
+            "keep": peak({start}, step.nodes, {start, step.end}),
+            "tape_keep": peak({start}, step.nodes, {start, *step.nodes}),
+            "tape_drop": peak({start}, step.nodes, set(step.nodes)),
+            "base": peak({start, step.end} | gradient, step.interior + step.backward, after),
+            "base_taped": peak({start, *step.nodes} | gradient, step.backward, after),
+        }
+        for name, value in values.items():
+            per_step[name].append(value)
+    points = list(chain.points)
+    return _Pieces(
+        state=np.array([slots.of(nbytes[p]) for p in points], dtype=np.int64),
+        source=np.array([not graph.nodes[p].inputs for p in points]),
+        recompute_state=np.asarray(node_cost[points], dtype=float),
+        pagein=np.asarray(costs.pagein_energy_j[points], dtype=float),
+        pageout=np.asarray(costs.pageout_energy_j[points], dtype=float),
+        **{name: np.array(values) for name, values in per_step.items()},
+    )
+
+
+def _left_mode(hold: Hold, mode: Mode) -> Mode:
+    """Where the left state is when the left part starts: recomputed in that stage, paged back in (so on
+    flash), or kept (on flash only if it already was)."""
+    if hold is Hold.RECOMPUTE:
+        return Mode.FRESH
+    return Mode.ON_FLASH if hold is Hold.PAGE or mode is Mode.ON_FLASH else Mode.RESIDENT
+
+
+class _Dp:
+    """The DP tables of one chain: ``rev[a, b][mode]`` and ``top[a]`` are arrays over the free memory
+    (in slots, 0..S) of the least cost to reverse steps ``a + 1 .. b`` (``top``: to run the forward pass
+    from state ``a`` on and reverse steps ``a + 1 .. L``), ``inf`` where it does not fit. Costs exclude
+    each node's first computation, which every schedule pays once."""
+
+    def __init__(self, chain: BlockChain, pieces: _Pieces, n_slots: int):
+        self.chain, self.p, self.S = chain, pieces, n_slots
+        self.memory = np.arange(n_slots + 1)
+        L = chain.n_steps
+        self.rev: dict[tuple[int, int], np.ndarray] = {}
+        for a in range(L):
+            base = np.where(self.memory >= pieces.base[a + 1], pieces.interior_cost[a + 1], math.inf)
+            self.rev[a, a + 1] = np.stack([base] * len(Mode))
+        for length in range(2, L + 1):
+            for a in range(L - length + 1):
+                self.rev[a, a + length] = np.stack([self._best(a, a + length, mode, first=False) for mode in Mode])
+        self.top: list[np.ndarray] = [np.zeros(n_slots + 1) for _ in range(L + 1)]
+        for a in range(L - 1, -1, -1):
+            self.top[a] = self._best(a, L, Mode.RESIDENT, first=True)
+
+    def _best(self, a: int, b: int, mode: Mode, first: bool) -> np.ndarray:
+        return np.min(np.vstack([values for _, values in self._families(a, b, mode, first)]), axis=0)
+
+    def _shift(self, values: np.ndarray, held: int) -> np.ndarray:
+        """Rows of ``values`` for parts that run while ``held`` more slots are taken: out[m] = values[m - held]."""
+        out = np.full(values.shape, math.inf)
+        if held <= self.S:
+            out[..., held:] = values[..., : self.S + 1 - held]
+        return out
+
+    def _families(self, a: int, b: int, mode: Mode, first: bool) -> list[tuple[list[Choice], np.ndarray]]:
+        """Every split of a reversal (``first``: of the forward pass and reversal from state ``a``) as
+        (choices, cost rows over memory), one row per split point ``k`` per way of holding state ``a``:
+        kept, paged (not in the stage it was recomputed in, and never freed and paged back in within one
+        stage, which the MILP cannot express), recomputed (sources); or, for ``k = a + 1``, with the tape."""
+        p, chain, L = self.p, self.chain, self.chain.n_steps
+        ks = list(range(a + 1, (b if first else b - 1) + 1))
+        k_arr = np.array(ks)
+        resident = 0 if first else int(p.state[b] + p.delta[b])
+        advance = np.zeros(len(ks)) if first else np.cumsum(p.step_cost[a + 1 : ks[-1] + 1])
+        later = np.concatenate([[0], np.maximum.accumulate(p.drop[a + 2 : ks[-1] + 1])]) if len(ks) > 1 else np.zeros(1)
+        need = {
+            True: resident + np.maximum(p.keep[a + 1], later + p.state[a]),  # state a kept
+            False: resident + np.maximum(p.drop[a + 1], later),  # state a dropped
+        }
+        if first:
+            right = np.vstack([self.top[k] if k < L else np.zeros(self.S + 1) for k in ks])
+        else:
+            right = np.vstack([self.rev[k, b][Mode.FRESH] for k in ks])
+        out_stage = chain.points[a] + 1 if first else chain.first_backward(b)
+        # freed in out_stage after its last read there, paged in at the end of the stage before step k's
+        # reversal: the MILP needs a stage boundary in between (a page-in makes it resident for the next
+        # stage, which forbids freeing it in the page-in's stage)
+        pageable = np.array([chain.first_backward(k) - 1 > out_stage for k in ks]) & (mode is not Mode.FRESH)
+        holds = [(Hold.KEEP, 0.0, np.ones(len(ks), dtype=bool))]
+        if pageable.any():
+            holds.append((Hold.PAGE, float(p.pagein[a] + (p.pageout[a] if mode is Mode.RESIDENT else 0.0)), pageable))
+        if p.source[a]:
+            holds.append((Hold.RECOMPUTE, float(p.recompute_state[a]), np.ones(len(ks), dtype=bool)))
+        families = []
+        for hold, cost, allowed in holds:
+            kept = hold is Hold.KEEP
+            left_mode = _left_mode(hold, mode)
+            left = np.vstack([self.rev[a, k][left_mode] for k in ks])
+            values = (self._shift(right, int(p.state[a])) if kept else right) + left + (advance + cost)[:, None]
+            values[(self.memory[None, :] < need[kept][:, None]) | ~allowed[:, None]] = math.inf
+            families.append(([Choice(k, hold, False) for k in ks], values))
+            if p.interior[a + 1] > 0 and allowed[0]:  # k = a + 1 keeping the step's tape
+                tape_need = resident + int(p.tape_keep[a + 1] if kept else p.tape_drop[a + 1])
+                held = int(p.interior[a + 1]) + (int(p.state[a]) if kept else 0)
+                left_taped = np.where(self.memory >= p.base_taped[a + 1], 0.0, math.inf)
+                taped = self._shift(right[:1], held) + left_taped + (advance[0] + cost)
+                taped[:, self.memory < tape_need] = math.inf
+                families.append(([Choice(int(k_arr[0]), hold, True)], taped))
+        return families
+
+    # ---- reconstruction ----------------------------------------------------------------------------
+    def plan(self) -> Reversal | None:
+        """The optimal plan with the whole budget, or None if nothing fits."""
+        if not math.isfinite(self.top[0][self.S]):
+            return None
+        return self._plan(0, self.chain.n_steps, Mode.RESIDENT, self.S, first=True)
+
+    def _plan(self, a: int, b: int, mode: Mode, m: int, first: bool) -> Reversal:
+        if not first and b == a + 1:
+            return Reversal(a, b)
+        candidates = [
+            (values[row, m], choice) for choices, values in self._families(a, b, mode, first) for row, choice in enumerate(choices)
+        ]
+        _, choice = min(candidates, key=lambda candidate: candidate[0])
+        p, k = self.p, choice.k
+        held = (int(p.state[a]) if choice.hold is Hold.KEEP else 0) + (int(p.interior[a + 1]) if choice.tape else 0)
+        if first:
+            right = self._plan(k, b, Mode.RESIDENT, m - held, first=True) if k < b else None
+        else:
+            right = self._plan(k, b, Mode.FRESH, m - held, first=False)
+        left = Reversal(a, k, taped=True) if choice.tape else self._plan(a, k, _left_mode(choice.hold, mode), m, first=False)
+        return Reversal(
+            a, b, first=first, k=k, hold=choice.hold, page_out=choice.hold is Hold.PAGE and mode is Mode.RESIDENT,
+            tape=choice.tape, right=right, left=left,
+        )
+
+
+def _smallest_need(pieces: _Pieces, slots: Slots) -> int:
+    """Bytes every plan of the DP needs at least: the forward pass through the widest step, and the
+    reversal of the widest step."""
+    reversal = np.minimum(pieces.base[1:], pieces.base_taped[1:])
+    return int(max(pieces.drop[1:].max(), reversal.max())) * slots.unit
+
+
+def memory_slots(graph: TrainingGraph, chain: BlockChain, ram_bytes: float) -> Slots:
+    """Slots of the gcd of the tensor sizes (exact) when the tables stay under ``MAX_CELLS``, else
+    slots just large enough for that (sizes rounded up: safe, possibly not optimal)."""
+    pairs = chain.n_steps * (chain.n_steps + 1) // 2
+    most = max(16, MAX_CELLS // (len(Mode) * pairs + chain.n_steps + 1) - 1)
+    unit = max(1, reduce(math.gcd, (int(b) for b in graph.output_bytes), 0))
+    if ram_bytes / unit > most:
+        unit = int(math.ceil(ram_bytes / most))
+    return Slots(unit, int(ram_bytes // unit))
+
+
+@dataclass(frozen=True)
+class PofoResult:
+    """A POFO plan: its schedule, its simulation and the DP's predicted cost (without first computations)."""
+
+    schedule: Schedule
+    simulation: SimulationResult
+    predicted_extra: float
+    runtime_weight: float
+    slots: Slots
+
+
+def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> PofoResult:
+    """Run the DP and replay its schedule; with a runtime budget that the energy-optimal plan breaks,
+    sweep the runtime weight (``LAMBDAS``, then ``BISECTIONS`` halvings between the last weight that
+    breaks it and the first that meets it) and keep the cheapest plan that meets it. Raise
+    :class:`CannotMeetBudget` when nothing fits."""
+    try:
+        chain = block_chain(graph)
+    except NotABlockChain as exc:
+        raise CannotMeetBudget(f"pofo: not a chain of blocks ({exc})") from None
+    if not budgets.ram_bytes > 0:
+        raise CannotMeetBudget(f"pofo: the RAM budget must be a positive number of bytes, got {budgets.ram_bytes!r}")
+    # no schedule holds more than every tensor at once: a larger budget only coarsens the slots
+    slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
+    runtime_s = budgets.runtime_s(costs)
+    scale = costs.plain_step_energy_j / costs.plain_step_runtime_s if costs.plain_step_runtime_s > 0 else 0.0
+
+    def attempt(lam: float) -> PofoResult | str:
+        """The plan for runtime weight ``lam``, or why it does not fit."""
+        dp = _Dp(chain, _pieces(graph, costs, chain, slots, lam * scale), slots.budget)
+        plan_ = dp.plan()
+        if plan_ is None:
+            need = _smallest_need(dp.p, slots)
+            why = f"its widest step alone needs {need:,} bytes" if need > budgets.ram_bytes else "no combination of its choices fits"
+            raise CannotMeetBudget(f"pofo: no plan of the chain DP fits {int(budgets.ram_bytes):,} bytes ({why})")
+        schedule = schedule_from_events(graph, reversal_events(chain, plan_))
+        try:
+            sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=runtime_s)
+        except InvalidScheduleError as exc:
+            return exc.reason
+        return PofoResult(schedule, sim, float(dp.top[0][slots.budget]), lam * scale, slots)
+
+    failed, reason = 0.0, ""
+    for lam in LAMBDAS if runtime_s is not None else LAMBDAS[:1]:
+        result = attempt(lam)
+        if isinstance(result, PofoResult):
+            break
+        failed, reason = lam, result
+    else:
+        raise CannotMeetBudget(f"pofo: no plan meets the runtime budget ({reason})")
+    if lam == 0.0:
+        return result
+    best, fits = result, lam
+    for _ in range(BISECTIONS):
+        middle = (failed + fits) / 2
+        found = attempt(middle)
+        if isinstance(found, PofoResult):
+            fits = middle
+            if found.simulation.energy_j < best.simulation.energy_j:
+                best = found
+        else:
+            failed = middle
+    return best
+
+
+def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
+    """POFO's schedule for ``budgets``; ``options`` (time limit, threads) do not apply to the DP."""
+    return solve_pofo(graph, costs, budgets).schedule

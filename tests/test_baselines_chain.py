@@ -1,0 +1,309 @@
+"""Revolve and POFO: binomial counts on chains, the MILP's optimum, budgets, branchy graphs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from poetlab import CostModel, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
+from poetlab.baselines import pofo, revolve
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.baselines.revolve import block_chain, revolve_forward_count, revolve_schedule
+from poetlab.graph import TrainingGraph
+from poetlab.milp import MilpOptions, build_milp
+from poetlab.paper_models import LayerList, training_graph
+from poetlab.poet_solver import min_footprint_bytes
+from poetlab.schedule import OpKind, Schedule
+from poetlab.solvers import run_milp
+
+from small_graphs import mlp, residual
+
+PLANNERS = {"revolve": revolve.plan, "pofo": pofo.plan}
+
+
+def chain(n: int) -> TrainingGraph:
+    """input -> n ReLUs -> loss: n + 1 steps of equal size."""
+    net = LayerList()
+    x = net.input((1, 16))
+    for _ in range(n):
+        x = net.elementwise("relu", x)
+    net.cross_entropy(x, 16)
+    return training_graph(f"chain{n}", net, {})
+
+
+def _costs(graph: TrainingGraph, platform: str) -> CostModel:
+    return CostModel.from_flops(graph, load_platform(platform))
+
+
+def _peak(graph: TrainingGraph, costs: CostModel) -> int:
+    return simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+
+
+# ---- revolve ------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _forward_steps_by_recursion(l: int, c: int) -> float:
+    """Advance m, checkpoint, reverse the right part with a slot fewer, then the left part with all."""
+    if l == 1:
+        return 0
+    if c == 0:
+        return math.inf
+    return min(m + _forward_steps_by_recursion(l - m, c - 1) + _forward_steps_by_recursion(m, c) for m in range(1, l))
+
+
+def test_binomial_formula_is_the_optimal_recursion():
+    for l in range(1, 41):
+        for c in range(1, 7):
+            assert revolve_forward_count(l, c) == _forward_steps_by_recursion(l, c), (l, c)
+    assert revolve_forward_count(10, 1) == 45  # one slot: sweep l-1, l-2, ... steps
+    assert revolve_forward_count(10, 3) == 15  # t = 2: 2 * 10 - C(5, 4)
+    assert revolve_forward_count(10, 9) == 9  # enough slots: only the initial sweep
+
+
+@pytest.mark.parametrize("n", [3, 7, 12])
+def test_revolve_recomputes_what_the_binomial_formula_says(n):
+    graph = chain(n)
+    costs = _costs(graph, "a72")
+    steps = block_chain(graph).n_steps
+    assert steps == n + 1
+    forward = set(graph.forward_indices)
+    for slots in range(1, steps + 1):
+        schedule = revolve_schedule(graph, slots)
+        sim = simulate(schedule, graph, costs)
+        forward_computes = sum(1 for op in schedule.ops if op.kind is OpKind.COMPUTE and op.node in forward)
+        advances = revolve_forward_count(steps, slots)
+        # the input once, every advance, and the loss computed by the first turn
+        assert forward_computes == 1 + advances + 1, slots
+        assert sim.n_recomputes == advances - (steps - 1), slots
+        assert sim.n_pageouts == 0
+        schedule.matrices()  # stages fit the MILP's matrix view
+
+
+def test_revolve_with_enough_slots_is_checkpoint_all():
+    graph = chain(9)
+    costs = _costs(graph, "m0")
+    steps = block_chain(graph).n_steps
+    reference = simulate(checkpoint_all_schedule(graph), graph, costs)
+    for slots in (steps - 1, steps, steps + 5):
+        sim = simulate(revolve_schedule(graph, slots), graph, costs)
+        assert sim.n_recomputes == 0
+        assert sim.energy_j == pytest.approx(reference.energy_j, rel=1e-12)
+    planned = revolve.plan(graph, costs, Budgets(reference.peak_ram_bytes))
+    assert simulate(planned, graph, costs).energy_j == pytest.approx(reference.energy_j, rel=1e-12)
+
+
+def test_revolve_takes_the_most_slots_that_fit():
+    graph = chain(12)
+    costs = _costs(graph, "a72")
+    budget = 600
+    planned = revolve.plan(graph, costs, Budgets(budget))
+    peaks = {c: simulate(revolve_schedule(graph, c), graph, costs).peak_ram_bytes for c in range(1, 14)}
+    chosen = max(c for c, peak in peaks.items() if peak <= budget)
+    assert planned == revolve_schedule(graph, chosen)
+    assert 1 < chosen < 13 and peaks[chosen + 1] > budget
+    assert simulate(planned, graph, costs).n_recomputes == revolve_forward_count(13, chosen) - 12
+
+
+def test_revolve_says_when_the_runtime_budget_is_what_fails():
+    graph = build_paper_graph("resnet18_cifar")
+    costs = _costs(graph, "a72")
+    budget = 0.6 * _peak(graph, costs)
+    assert simulate(revolve.plan(graph, costs, Budgets(budget)), graph, costs, ram_budget_bytes=budget).n_recomputes > 0
+    with pytest.raises(CannotMeetBudget, match=r"^revolve: .*runtime budget") as info:
+        revolve.plan(graph, costs, Budgets(budget, 1.05))
+    assert "\n" not in str(info.value)
+
+
+# ---- POFO against the MILP ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "graph_factory,platform,budget,uses_paging",
+    [
+        (lambda: chain(6), "m0", 496, False),
+        (lambda: chain(6), "m0", 416, False),
+        (lambda: chain(6), "m0", 336, False),
+        (lambda: chain(8), "m0", 480, False),
+        (lambda: build_paper_graph("linear"), "m0", 3672, True),
+        (lambda: build_paper_graph("linear"), "m0", 3256, True),  # the smallest single-node footprint
+    ],
+)
+def test_pofo_equals_the_milp_optimum_on_chains(graph_factory, platform, budget, uses_paging):
+    graph = graph_factory()
+    costs = _costs(graph, platform)
+    assert budget < _peak(graph, costs)  # checkpoint-all does not fit: the MILP is solved
+    optimum = solve(graph, costs, budget, None, mip_gap=0)
+    assert optimum.status == "optimal" and optimum.solver != "bound"
+    result = pofo.solve_pofo(graph, costs, Budgets(budget))
+    assert result.simulation.energy_j == pytest.approx(optimum.energy_j, rel=1e-6)
+    assert result.simulation.energy_j == pytest.approx(costs.plain_step_energy_j + result.predicted_extra, rel=1e-9)
+    assert result.simulation.n_recomputes > 0
+    assert (result.simulation.n_pageouts > 0) == uses_paging
+
+
+def _milp_point(graph: TrainingGraph, costs: CostModel, schedule: Schedule, options: MilpOptions):
+    """The MILP's solution vector for ``schedule``, its largest constraint violation, its objective."""
+    model = build_milp(graph, costs, options)
+    matrices = schedule.matrices().as_dict()
+    for name, index in model.index.items():  # no variable the MILP does not have
+        assert not (matrices[name][: graph.n_nodes] & (index < 0)).any(), name
+    x = model.encode(matrices)
+    Ax = model.A @ x
+    violation = max(np.max(model.row_lower - Ax), np.max(Ax - model.row_upper), np.max(model.col_lower - x), np.max(x - model.col_upper))
+    return model, x, violation, float(model.c @ x)
+
+
+@pytest.mark.parametrize(
+    "name,budget,runtime_factor", [("chain6", 416, None), ("chain8", 256, 1.1), ("chain8", 390, 1.05), ("linear", 3256, None)]
+)
+def test_pofo_schedules_are_feasible_points_of_the_milp(name, budget, runtime_factor):
+    """POFO follows the MILP's stage rules, so it can never beat the MILP's true optimum."""
+    graph = chain(int(name[5:])) if name.startswith("chain") else build_paper_graph(name)
+    costs = _costs(graph, "a72")
+    schedule = pofo.plan(graph, costs, Budgets(budget, runtime_factor))
+    sim = simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=Budgets(budget, runtime_factor).runtime_s(costs))
+    _, _, violation, objective = _milp_point(graph, costs, schedule, MilpOptions(budget, runtime_factor))
+    assert violation <= 1e-9
+    assert objective == pytest.approx(sim.energy_j, rel=1e-12)
+    replayed = simulate(Schedule.from_matrices(graph, **schedule.matrices().as_dict()), graph, costs)
+    assert replayed.peak_ram_bytes == sim.peak_ram_bytes
+    assert replayed.energy_j == pytest.approx(sim.energy_j, rel=1e-12)
+
+
+def test_pofo_equals_the_milp_optimum_once_the_objective_is_scaled():
+    """On the A72, node energies (~1e-7 J) sit below the solvers' optimality tolerances, and
+    ``solve`` can stop above the optimum; with the objective in units of one plain step it does not."""
+    graph = chain(6)
+    costs = _costs(graph, "a72")
+    budget = 416
+    pofo_energy = simulate(pofo.plan(graph, costs, Budgets(budget)), graph, costs).energy_j
+    model = build_milp(graph, costs, MilpOptions(budget))
+    scaled = dataclasses.replace(model, c=model.c / costs.plain_step_energy_j)
+    answer = run_milp(scaled, solver="highs", time_limit_s=60, mip_gap=0)
+    assert answer.status == "optimal"
+    assert answer.objective * costs.plain_step_energy_j == pytest.approx(pofo_energy, rel=1e-9)
+    assert solve(graph, costs, budget, None, mip_gap=0).energy_j >= pofo_energy * (1 - 1e-9)
+
+
+def test_pofo_pages_when_nothing_may_be_recomputed():
+    graph = chain(8)
+    costs = _costs(graph, "m0")
+    footprint, _ = min_footprint_bytes(graph)
+    budgets = Budgets(footprint, 1.0)
+    sim = simulate(pofo.plan(graph, costs, budgets), graph, costs, ram_budget_bytes=footprint, runtime_budget_s=budgets.runtime_s(costs))
+    assert sim.n_pageouts > 0 and sim.n_pageins >= sim.n_pageouts
+    assert sim.compute_time_s == pytest.approx(costs.plain_step_runtime_s, rel=1e-12)  # only free recomputations
+    unlimited = simulate(pofo.plan(graph, costs, Budgets(footprint)), graph, costs)
+    assert unlimited.n_pageouts == 0 and unlimited.energy_j < sim.energy_j  # recomputing is cheaper on the M0
+
+
+def test_pofo_with_coarse_slots_still_fits(monkeypatch):
+    graph = build_paper_graph("linear")
+    costs = _costs(graph, "a72")
+    budget = 3672
+    exact = pofo.solve_pofo(graph, costs, Budgets(budget))
+    assert exact.slots.unit == 8  # the gcd of the tensor sizes
+    monkeypatch.setattr(pofo, "MAX_CELLS", 20_000)
+    coarse = pofo.solve_pofo(graph, costs, Budgets(budget))
+    assert coarse.slots.unit > 8
+    assert coarse.simulation.peak_ram_bytes <= budget
+    assert coarse.simulation.energy_j >= exact.simulation.energy_j * (1 - 1e-12)
+
+
+# ---- both planners: budgets and graphs ------------------------------------------------------------
+@pytest.mark.parametrize("method", PLANNERS)
+@pytest.mark.parametrize("graph_factory,platform", [(lambda: chain(8), "a72"), (mlp, "m0"), (lambda: build_paper_graph("linear"), "a72")])
+def test_every_schedule_fits_its_budgets(method, graph_factory, platform):
+    graph = graph_factory()
+    costs = _costs(graph, platform)
+    peak = _peak(graph, costs)
+    footprint, _ = min_footprint_bytes(graph)
+    fitted = 0
+    for fraction in (1.0, 0.7, 0.4, 0.0):
+        for runtime_factor in (None, 1.5):
+            budgets = Budgets(int(footprint + fraction * (peak - footprint)), runtime_factor)
+            try:
+                schedule = PLANNERS[method](graph, costs, budgets)
+            except CannotMeetBudget as exc:
+                assert str(exc).startswith(f"{method}: ") and "\n" not in str(exc)
+                continue
+            sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
+            assert sim.energy_j >= costs.plain_step_energy_j * (1 - 1e-12)
+            if fraction == 1.0:
+                assert sim.energy_j == pytest.approx(costs.plain_step_energy_j, rel=1e-12)
+            fitted += 1
+    assert fitted >= 2
+
+
+@pytest.mark.parametrize("method", PLANNERS)
+@pytest.mark.parametrize("graph_factory", [lambda: chain(5), mlp, residual, lambda: build_paper_graph("linear")])
+def test_planners_refuse_a_budget_below_the_smallest_footprint(method, graph_factory):
+    graph = graph_factory()
+    costs = _costs(graph, "a72")
+    footprint, _ = min_footprint_bytes(graph)
+    with pytest.raises(CannotMeetBudget, match=rf"^{method}: ") as info:
+        PLANNERS[method](graph, costs, Budgets(footprint - 1, 2.0))
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_residual_is_linearised_into_blocks():
+    graph = residual()
+    chain_ = block_chain(graph)
+    # 0 input, 1 conv, 2 relu, 3 conv, 4 add(relu, conv), 5 flatten, 6 loss; the skip jumps over 3
+    assert chain_.points == (0, 1, 2, 4, 5, 6)
+    assert [step.nodes for step in chain_.steps] == [(1,), (2,), (3, 4), (5,), (6,)]
+    assert chain_.step(3).interior == (3,)
+    assert [step.backward for step in chain_.steps] == [(12,), (11,), (9, 10), (8,), (7,)]
+
+
+@pytest.mark.parametrize("method", PLANNERS)
+def test_planners_on_the_residual_graph(method):
+    graph = residual()
+    costs = _costs(graph, "a72")
+    peak = _peak(graph, costs)
+    outcomes = []
+    for budget in (peak, int(0.8 * peak), int(0.6 * peak)):
+        try:
+            schedule = PLANNERS[method](graph, costs, Budgets(budget))
+        except CannotMeetBudget as exc:
+            assert str(exc).startswith(f"{method}: ") and "\n" not in str(exc)
+            outcomes.append(None)
+            continue
+        outcomes.append(simulate(schedule, graph, costs, ram_budget_bytes=budget).energy_j)
+    assert outcomes[0] is not None  # at checkpoint-all's peak there is a schedule
+    if method == "pofo":  # the tape of the block may be kept: checkpoint-all's energy
+        assert outcomes[0] == pytest.approx(costs.plain_step_energy_j, rel=1e-12)
+    else:  # revolve re-tapes every block but the last
+        assert outcomes[0] > costs.plain_step_energy_j
+
+
+@pytest.mark.parametrize("method", PLANNERS)
+def test_planners_on_resnet18_cifar(method):
+    graph = build_paper_graph("resnet18_cifar")
+    costs = _costs(graph, "a72")
+    budget = 0.6 * _peak(graph, costs)
+    sim = simulate(PLANNERS[method](graph, costs, Budgets(budget)), graph, costs, ram_budget_bytes=budget)
+    assert sim.n_recomputes > 0
+    assert costs.plain_step_energy_j < sim.energy_j < 2 * costs.plain_step_energy_j
+
+
+@pytest.mark.parametrize("method", PLANNERS)
+def test_planners_take_the_shared_planner_signature(method):
+    graph = chain(4)
+    costs = _costs(graph, "a72")
+    budgets = Budgets(_peak(graph, costs))
+    assert PLANNERS[method](graph, costs, budgets, PlanOptions(time_limit_s=1.0)) == PLANNERS[method](graph, costs, budgets)
+
+
+def test_graphs_that_are_not_chains_of_blocks_are_refused():
+    graph = chain(3)
+    nodes = list(graph.nodes)
+    first_backward = len(graph.forward_indices)
+    last = nodes[-1]
+    nodes[-1] = dataclasses.replace(last, inputs=(*last.inputs, first_backward))  # a gradient two steps back
+    odd = TrainingGraph("odd", tuple(nodes))
+    costs = _costs(odd, "a72")
+    for method, planner in PLANNERS.items():
+        with pytest.raises(CannotMeetBudget, match=rf"^{method}: not a chain of blocks \(.*gradient"):
+            planner(odd, costs, Budgets(1e9))
