@@ -20,6 +20,7 @@ import logging
 import math
 import numbers
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,6 +127,7 @@ def solve(
     threads: int | None = None,
     verbose: bool = False,
     staged: bool = True,
+    starts: Sequence[Schedule] = (),
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
@@ -135,6 +137,10 @@ def solve(
     only) are solved first with a quarter of the time limit each, and the better of their schedules
     starts POET's MILP for the rest of the time: POET is then never worse than either restriction
     found, even when its own solve stops at the time limit.
+
+    ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
+    from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
+    staged starts. The result is never more expensive than the best start, time limit or not.
     """
     _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
     started = time.perf_counter()
@@ -215,17 +221,29 @@ def solve(
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
             if restricted.simulation is not None and (start_sim is None or restricted.energy_j < start_sim.energy_j):
                 start, start_sim = restricted.schedule, restricted.simulation
+    for given in starts:
+        try:
+            given_sim = replay(given)
+        except InvalidScheduleError as exc:
+            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
+            continue
+        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
+            start, start_sim = given, given_sim
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s))
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
         start=None if start is None else model.encode(start.matrices().as_dict()),
     )
     bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
-    if answer.x is None and start is not None and answer.status != "infeasible":
-        log.info("the solver found nothing better than the greedy start within its time limit; returning that")
+
+    def start_result() -> SolveResult:
+        log.info("the solver found nothing better than the start within its time limit; returning that")
         gap = relative_gap(start_sim.energy_j, bound)
-        message = f"time limit of {time_limit_s:g} s reached; returning the greedy start schedule, gap {gap:.3%}"
+        message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
         return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
+
+    if answer.x is None and start is not None and answer.status != "infeasible":
+        return start_result()
     if answer.x is None:
         if answer.status == "infeasible":
             runtime = "" if runtime_budget_factor is None else f" within {runtime_budget_factor:g}x the plain-step runtime"
@@ -243,6 +261,8 @@ def solve(
         sim = replay(schedule)
     except InvalidScheduleError as exc:
         raise PoetlabError(f"the {answer.solver} solution does not replay ({exc}); this is a poetlab bug, please report it") from exc
+    if answer.status != "optimal" and start_sim is not None and sim.energy_j > start_sim.energy_j:
+        return start_result()  # the solver did not keep the start (one it could not encode) as its incumbent
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
     gap = relative_gap(sim.energy_j, bound)
