@@ -8,10 +8,10 @@ The steps, each cheap before the expensive one:
 3. Every node must be computed at least once, so the energy of one plain step is a lower bound for
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
-4. Otherwise build the POET MILP and solve it, started from the cheaper of two greedy schedules
-   (:mod:`poetlab.heuristics`: paging only, remat only) so that a solve stopped by its time limit still
-   has a valid schedule. The schedule it returns is replayed by the simulator, whose energy, runtime and
-   peak are what we report; the solver's own objective is kept only to show that the two agree.
+4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`) so
+   that a solve stopped by its time limit still has a valid schedule, never worse than those. The
+   schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report; the solver's own objective is kept only to show that the two agree.
 """
 
 from __future__ import annotations
@@ -275,24 +275,39 @@ def solve(
 
 
 def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) -> tuple[Schedule | None, SimulationResult | None]:
-    """The cheaper of the greedy paging and greedy remat schedules that the options allow and that
-    replay within the budgets, or (None, None)."""
+    """The cheapest of the quick schedules that the options allow and that replay within the budgets,
+    or (None, None): greedy paging, greedy remat, and the dynamic planners DTR (remat) and Capuchin
+    (remat and paging), which take milliseconds and are often close to the optimum at tight budgets,
+    where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
+    to improve on the best of them; the methods stay independent baselines in the comparison too."""
+    # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
+    from poetlab.baselines import capuchin, dtr
+    from poetlab.baselines.base import Budgets, CannotMeetBudget
+
     budget = options.ram_budget_bytes - (2 * graph.param_bytes if options.params_in_budget else 0)
+    budgets = Budgets(budget, options.runtime_budget_factor)
     candidates = []
     if options.paging:
-        candidates.append(("paging", greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
+        candidates.append(("greedy paging", lambda: greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
     if options.remat:
-        candidates.append(("remat", greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
+        candidates.append(("greedy remat", lambda: greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
+        candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
+    if options.remat and options.paging:
+        candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
-    for name, schedule in candidates:
+    for name, make in candidates:
+        try:
+            schedule = make()
+        except CannotMeetBudget:
+            schedule = None
         if schedule is None:
             continue
         try:
             sim = replay(schedule)
         except InvalidScheduleError as exc:
-            log.info("greedy %s start does not replay (%s)", name, exc)
+            log.info("%s start does not replay (%s)", name, exc)
             continue
-        log.info("greedy %s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
+        log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
         if best[1] is None or sim.energy_j < best[1].energy_j:
             best = (schedule, sim)
     return best
