@@ -11,7 +11,8 @@ The steps, each cheap before the expensive one:
 4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
-   schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report; the solver's own objective is kept only to show that the two agree.
+   schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
+   the solver's own objective is kept only to show that the two agree.
 """
 
 from __future__ import annotations
