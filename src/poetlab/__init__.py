@@ -19,6 +19,7 @@ from poetlab.platforms import Platform, available_platforms, load_platform, load
 from poetlab.poet_solver import SolveResult, solve
 from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.summary import GraphSummary, summarize_graph
+from poetlab.trace import TraceError, trace, trace_torch_model
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "Schedule",
     "SimulationResult",
     "SolveResult",
+    "TraceError",
     "Node",
     "OutputError",
     "Platform",
@@ -49,4 +51,6 @@ __all__ = [
     "simulate",
     "solve",
     "summarize_graph",
+    "trace",
+    "trace_torch_model",
 ]
