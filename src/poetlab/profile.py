@@ -359,11 +359,19 @@ def _pagein(path: Path, buffer: mmap.mmap) -> str:
 
 
 def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
-    """(latency_s, throughput_bytes_per_s) of the least-squares line seconds = latency + size / throughput."""
-    slope, intercept = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float), 1)
+    """(latency_s, throughput_bytes_per_s) of the least-squares line seconds = latency + size / throughput,
+    both constrained non-negative (scipy's NNLS). When noise leaves no positive slope (fsync latency
+    dominating small writes), the throughput is the largest size over its time: conservative."""
+    from scipy.optimize import nnls
+
+    sizes_f = np.asarray(sizes, dtype=float)
+    times = np.asarray(seconds, dtype=float)
+    scale = sizes_f.max()
+    (latency, slope), _ = nnls(np.column_stack([np.ones_like(sizes_f), sizes_f / scale]), times)
     if slope <= 0:
-        raise PoetlabError("disk benchmark: time does not grow with size (noise?); re-run with more --disk-repeats")
-    return max(float(intercept), 0.0), float(1.0 / slope)
+        log.warning("disk benchmark: time does not grow with size; throughput from the largest size alone")
+        return float(latency) if latency < times[-1] else 0.0, float(sizes_f[-1] / times[-1])
+    return float(latency), float(scale / slope)
 
 
 def profile_disk(
