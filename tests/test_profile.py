@@ -54,6 +54,7 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     assert loaded == host_profile
     assert loaded.machine.torch_version == torch.__version__ and loaded.machine.torch_threads == 1
     assert loaded.energy_modeled == (loaded.energy_source == "model")
+    assert loaded.clock == "cpu"  # one thread: the thread's CPU time, immune to waiting for a shared core
     model = loaded.model
     from poetlab import trace_torch_model
 
