@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from poetlab._io import write_text_atomic
+from poetlab._io import read_text_or_raise, write_text_atomic
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
 from poetlab.platforms import Platform
 
@@ -214,12 +214,8 @@ class HostProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HostProfile:
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileFileError(f"{path}: no such host profile; run `poetlab profile --platform host --output {path}`") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileFileError(f"{path}: cannot read the host profile ({exc})") from None
+        missing = f"no such host profile; run `poetlab profile --platform host --output {path}`"
+        text = read_text_or_raise(path, ProfileFileError, missing, "cannot read the host profile")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
