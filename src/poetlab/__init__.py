@@ -18,12 +18,32 @@ from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
 from poetlab.poet_solver import SolveResult, solve
-from poetlab.profile import HostProfile, PagingDirError, ProfileFileError, profile_host
 from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.summary import GraphSummary, summarize_graph
-from poetlab.trace import TraceError, trace, trace_torch_model
 
 __version__ = "0.1.0"
+
+# Names that need torch are imported on first use (PEP 562), so that ``import poetlab`` stays light: the
+# HiGHS worker process imports the package for every solve, and torch alone takes seconds to import.
+_LAZY = {
+    "TraceError": "poetlab.trace",
+    "trace": "poetlab.trace",
+    "trace_torch_model": "poetlab.trace",
+    "HostProfile": "poetlab.profile",
+    "PagingDirError": "poetlab.profile",
+    "ProfileFileError": "poetlab.profile",
+    "profile_host": "poetlab.profile",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'poetlab' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "PAPER_MODELS",

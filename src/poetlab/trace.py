@@ -66,6 +66,7 @@ import linecache
 import operator
 import sys
 import traceback
+import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -671,5 +672,14 @@ def whole_step_flops(module: nn.Module, example_inputs, loss_fn, targets=None) -
         return forward, counter.get_total_flops()
 
 
-if sys.version_info < (3, 11):  # pragma: no cover - the package requires 3.11
-    raise ImportError("poetlab.trace needs Python 3.11")
+class _CallableModule(types.ModuleType):
+    """``poetlab.trace`` names both this module and its main function. ``poetlab`` exports the function
+    lazily (so that ``import poetlab`` does not import torch), and importing this module binds the
+    package's attribute ``trace`` to the module instead; calling the module calls :func:`trace`, so
+    ``poetlab.trace(...)`` works whichever got there first."""
+
+    def __call__(self, *args, **kwargs) -> TrainingGraph:
+        return trace(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
