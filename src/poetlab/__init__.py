@@ -1,6 +1,7 @@
 """poetlab: a reproduction kit for POET (Patil et al., ICML 2022) and its neighbours.
 
-The flow: a :class:`Platform` and a :class:`TrainingGraph` give a :class:`CostModel`; planners turn
+The flow: a :class:`Platform` (or a measured :class:`HostProfile`) and a :class:`TrainingGraph` (a paper
+layer list, or :func:`trace` of an ``nn.Module``) give a :class:`CostModel`; planners turn
 those and budgets into schedules; a simulator checks and costs every schedule.
 """
 
@@ -22,11 +23,34 @@ from poetlab.summary import GraphSummary, summarize_graph
 
 __version__ = "0.1.0"
 
+# Names that need torch are imported on first use (PEP 562), so that ``import poetlab`` stays light: the
+# HiGHS worker process imports the package for every solve, and torch alone takes seconds to import.
+_LAZY = {
+    "TraceError": "poetlab.trace",
+    "trace": "poetlab.trace",
+    "trace_torch_model": "poetlab.trace",
+    "HostProfile": "poetlab.profile",
+    "PagingDirError": "poetlab.profile",
+    "ProfileFileError": "poetlab.profile",
+    "profile_host": "poetlab.profile",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'poetlab' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
 __all__ = [
     "PAPER_MODELS",
     "CostModel",
     "GraphFileError",
     "GraphSummary",
+    "HostProfile",
     "InvalidArgumentError",
     "InvalidScheduleError",
     "Op",
@@ -34,11 +58,14 @@ __all__ = [
     "Schedule",
     "SimulationResult",
     "SolveResult",
+    "TraceError",
     "Node",
     "OutputError",
+    "PagingDirError",
     "Platform",
     "PlatformSpecError",
     "PoetlabError",
+    "ProfileFileError",
     "TrainingGraph",
     "UnknownNameError",
     "available_platforms",
@@ -46,7 +73,10 @@ __all__ = [
     "checkpoint_all_schedule",
     "load_platform",
     "load_platform_file",
+    "profile_host",
     "simulate",
     "solve",
     "summarize_graph",
+    "trace",
+    "trace_torch_model",
 ]

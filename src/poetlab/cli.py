@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from poetlab import __version__
 from poetlab._io import write_text_atomic
 from poetlab.costs import CostModel
-from poetlab.errors import PoetlabError
+from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.graph import TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import available_platforms, load_platform
@@ -44,16 +44,52 @@ def _positive_int(text: str) -> int:
     return value
 
 
+HOST = "host"
+
+
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="paper model name (see `poetlab models`)")
-    parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`) or a platform YAML file")
+    parser.add_argument("--model", required=True, help="paper model or torch model name (see `poetlab models`)")
+    parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`), `host`, or a platform YAML file")
     parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the checkout's data/platforms)")
     parser.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+    parser.add_argument("--fuse", action="store_true", help="torch models: fuse cheap element-wise nodes into their producers")
+    parser.add_argument("--profile", default=None, metavar="FILE", help="host profile JSON (default: data/profiles/host-MODEL.json, else any host profile there)")
+
+
+def _model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
+    """A paper model's layer-list graph, or a torch model's traced graph."""
+    from poetlab.torch_models import TORCH_MODELS
+
+    if model in TORCH_MODELS:
+        from poetlab.trace import trace_torch_model
+
+        return trace_torch_model(model, batch_size, fuse=fuse)
+    if model not in PAPER_MODELS:
+        raise UnknownNameError("model", model, [*PAPER_MODELS, *TORCH_MODELS])
+    if fuse:
+        raise InvalidArgumentError(f"--fuse applies to traced torch models; {model} is a paper model (try {model}_torch)")
+    return build_paper_graph(model, batch_size)
+
+
+def _host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
+    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate."""
+    from poetlab.profile import HostProfile, find_host_profile
+
+    path = args.profile or find_host_profile(args.model, args.fuse)
+    profile = HostProfile.load(path)
+    timed = profile.model
+    if timed is not None and tuple(n.name for n in timed.nodes) == tuple(n.name for n in graph.nodes):
+        log.info("host costs: per-node times measured in %s", path)
+        return CostModel.from_profile(graph, profile)
+    log.warning("%s has no per-node timings for this graph; costing it by flops at the host's measured %.3g flop/s", path, profile.flops_per_s)
+    return CostModel.from_flops(graph, profile.platform())
 
 
 def _graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:
-    platform = load_platform(args.platform, args.platform_dir)
-    graph = build_paper_graph(args.model, args.batch_size)
+    platform = None if args.platform == HOST else load_platform(args.platform, args.platform_dir)
+    graph = _model_graph(args.model, args.batch_size, args.fuse)
+    if platform is None:
+        return graph, _host_costs(graph, args)
     return graph, CostModel.from_flops(graph, platform)
 
 
@@ -136,12 +172,54 @@ def _cmd_platforms(args: argparse.Namespace) -> int:
     for name in available_platforms(args.platform_dir):
         platform = load_platform(name, args.platform_dir)
         print(f"{name:<12} {platform.description}")
+    print(f"{HOST:<12} this machine, measured by `poetlab profile --platform host` (profiles in data/profiles)")
     return 0
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
+    from poetlab.torch_models import TORCH_MODELS
+
     for name, spec in PAPER_MODELS.items():
-        print(f"{name:<16} {spec.description}")
+        print(f"{name:<22} paper   {spec.description}")
+    for name, torch_spec in TORCH_MODELS.items():
+        print(f"{name:<22} traced  {torch_spec.description}")
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from poetlab.profile import default_profile_path, profile_host
+    from poetlab.torch_models import TORCH_MODELS
+
+    if args.platform != HOST:
+        raise InvalidArgumentError(f"only the host platform can be profiled (got {args.platform!r}); the paper platforms are coefficient files")
+    if args.model is not None and args.model not in TORCH_MODELS:
+        raise UnknownNameError("torch model", args.model, TORCH_MODELS)
+    profile = profile_host(
+        args.paging_dir, model=args.model, batch_size=args.batch_size, fuse=args.fuse, repeats=args.repeats,
+        warmup=args.warmup, threads=args.threads, disk_repeats=args.disk_repeats, compute_power_w=args.compute_power_w,
+        memory_power_w=args.memory_power_w, progress=sys.stderr.isatty(), clock=args.clock,
+    )
+    output = args.output or default_profile_path(args.model, args.fuse)
+    profile.save(output)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=1))
+        return 0
+    d, m = profile.disk, profile.machine
+    rows = [
+        ("machine", f"{m.cpu_model}, {m.logical_cores} logical cores, torch {m.torch_version} with {m.torch_threads} threads"),
+        ("matmul rate", f"{profile.flops_per_s:.4g} flop/s ({profile.clock} clock)"),
+        ("page-out", f"{d.pageout_latency_s * 1e3:.4g} ms + bytes / {d.pageout_throughput_bytes_per_s / 1e6:.4g} MB/s (write + fsync)"),
+        ("page-in", f"{d.pagein_latency_s * 1e3:.4g} ms + bytes / {d.pagein_throughput_bytes_per_s / 1e6:.4g} MB/s ({d.cache_bypass})"),
+        ("energy", f"{profile.energy_source}: compute {profile.compute_power_w:.4g} W, paging {d.power_w:.4g} W"),
+    ]
+    if profile.model is not None:
+        t = profile.model
+        rows.append(("model", f"{t.name} (batch {t.batch_size}{', fused' if t.fused else ''}): {len(t.nodes)} nodes"))
+        rows.append(("step time", f"measured {t.step_runtime_s * 1e3:.4g} ms; nodes summed {t.node_runtime_sum_s * 1e3:.4g} ms (ratio {t.node_runtime_sum_s / t.step_runtime_s:.3f})"))
+    rows.append(("written to", str(output)))
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label:<{width}}  {value}")
     return 0
 
 
@@ -178,8 +256,25 @@ def build_parser() -> argparse.ArgumentParser:
     platforms.add_argument("--platform-dir", default=None, help="directory of platform YAML files")
     platforms.set_defaults(run=_cmd_platforms)
 
-    models = commands.add_parser("models", help="list the paper models")
+    models = commands.add_parser("models", help="list the models (paper layer lists and traced torch models)")
     models.set_defaults(run=_cmd_models)
+
+    profile = commands.add_parser("profile", help="measure this machine (the host platform): node times, paging, power")
+    profile.add_argument("--platform", default=HOST, help="only `host` can be profiled")
+    profile.add_argument("--model", default=None, help="a torch model whose traced nodes to time (see `poetlab models`); none: disk and matmul only")
+    profile.add_argument("--batch-size", type=_positive_int, default=1, help="batch size (default 1)")
+    profile.add_argument("--fuse", action="store_true", help="time the fused graph's nodes")
+    profile.add_argument("--paging-dir", default=".", metavar="DIR", help="directory on the device paging would use (default: the current directory)")
+    profile.add_argument("--output", default=None, metavar="FILE", help="profile JSON (default: data/profiles/host-MODEL[-fused].json)")
+    profile.add_argument("--repeats", type=_positive_int, default=3, help="timed runs per node, median taken (default 3)")
+    profile.add_argument("--warmup", type=int, default=1, help="untimed runs before (default 1)")
+    profile.add_argument("--threads", type=_positive_int, default=1, help="torch intra-op threads, pinned during profiling (default 1)")
+    profile.add_argument("--disk-repeats", type=_positive_int, default=3, help="writes and reads per size (default 3)")
+    profile.add_argument("--compute-power-w", type=_positive_float, default=None, metavar="W", help="modeled compute power when RAPL is not readable (default threads x 4.375 W)")
+    profile.add_argument("--memory-power-w", type=_positive_float, default=5.0, metavar="W", help="modeled paging power when RAPL is not readable (default 5 W)")
+    profile.add_argument("--clock", choices=("cpu", "wall"), default=None, help="node timing clock: cpu (thread CPU time, the default with one thread) or wall")
+    profile.add_argument("--json", action="store_true", help="print the profile as JSON")
+    profile.set_defaults(run=_cmd_profile)
     return parser
 
 

@@ -9,11 +9,16 @@ cost model (measured per-node times) can stand in for the flop model without tou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from poetlab.errors import InvalidArgumentError
 from poetlab.graph import TrainingGraph
 from poetlab.platforms import Platform
+
+if TYPE_CHECKING:
+    from poetlab.profile import HostProfile
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,13 +63,36 @@ class CostModel:
     def from_flops(cls, graph: TrainingGraph, platform: Platform) -> CostModel:
         """The paper's flop cost model of ``graph`` on ``platform``."""
         flop = graph.flop
+        return cls._with_paging(graph, platform, flop / platform.flops_per_s, flop / platform.flop_per_j)
+
+    @classmethod
+    def from_profile(cls, graph: TrainingGraph, profile: HostProfile) -> CostModel:
+        """Measured costs on the profiled host: each node's runtime and compute energy as profiled (RAPL, or
+        the profile's power model), paging from its disk fit. The profile must have timed this very graph
+        (same node names, e.g. the same traced model with the same fusion); otherwise cost the graph by
+        flops on the host: ``CostModel.from_flops(graph, profile.platform())``."""
+        timed = profile.model
+        names = tuple(node.name for node in graph.nodes)
+        if timed is None or tuple(node.name for node in timed.nodes) != names:
+            what = "no model" if timed is None else f"{timed.name} ({len(timed.nodes)} nodes{', fused' if timed.fused else ''})"
+            raise InvalidArgumentError(
+                f"the host profile has per-node timings for {what}, not for {graph.name} ({graph.n_nodes} nodes); "
+                f"run `poetlab profile --platform host --model {graph.name}` or cost it by flops with CostModel.from_flops(graph, profile.platform())"
+            )
+        runtime = np.array([node.runtime_s for node in timed.nodes], dtype=np.float64)
+        energy = np.array([node.energy_j for node in timed.nodes], dtype=np.float64)
+        return cls._with_paging(graph, profile.platform(), runtime, energy)
+
+    @classmethod
+    def _with_paging(cls, graph: TrainingGraph, platform: Platform, runtime_s: np.ndarray, energy_j: np.ndarray) -> CostModel:
+        """Compute costs as given; paging as latency + bytes / throughput at the platform's memory power."""
         nbytes = graph.output_bytes.astype(np.float64)
         pagein_time = platform.pagein_latency_s + nbytes / platform.pagein_throughput_bytes_per_s
         pageout_time = platform.pageout_latency_s + nbytes / platform.pageout_throughput_bytes_per_s
         return cls(
             platform=platform.name,
-            runtime_s=flop / platform.flops_per_s,
-            compute_energy_j=flop / platform.flop_per_j,
+            runtime_s=runtime_s,
+            compute_energy_j=energy_j,
             pagein_time_s=pagein_time,
             pageout_time_s=pageout_time,
             pagein_energy_j=pagein_time * platform.memory_power_w,

@@ -1,0 +1,230 @@
+"""``poetlab.trace`` against real torch: real fx graphs, real autograd saved tensors, real flop counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+from poetlab import TrainingGraph, trace
+from poetlab.torch_models import ResNet18, build_torch_model
+from poetlab.trace import TraceError, whole_step_flops
+
+
+class SkipNet(nn.Module):
+    """y = relu(lin1(x)); z = lin2(y) + y: a skip connection between two layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(6, 5)
+        self.relu = nn.ReLU()
+        self.lin2 = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x):
+        y = self.relu(self.lin1(x))
+        return self.head(self.lin2(y) + y)
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.gate = Gate()
+
+    def forward(self, x):
+        return self.gate(self.lin(x))
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: fx cannot trace this
+            return x * 2
+        return x
+
+
+def _cases():
+    torch.manual_seed(0)
+    resnet = ResNet18(num_classes=10, width=8).train()
+    x = torch.randn(2, 3, 16, 16)
+    yield "resnet8", resnet, x, nn.CrossEntropyLoss(), torch.randint(10, (2,))
+    bert = build_torch_model("bert_small_torch", batch_size=2)
+    yield "bert_small", bert.module, bert.inputs, bert.loss_fn, bert.targets
+    mobile = build_torch_model("mobilenetv2_torch")
+    yield "mobilenet64", mobile.module, torch.randn(1, 3, 64, 64), mobile.loss_fn, mobile.targets
+    yield "skipnet", SkipNet(), torch.randn(4, 6), nn.CrossEntropyLoss(), torch.tensor([0, 1, 2, 0])
+
+
+CASES = list(_cases())
+IDS = [case[0] for case in CASES]
+_TRACES: dict[tuple[str, bool], TrainingGraph] = {}
+
+
+def _traced(case, fuse: bool) -> TrainingGraph:
+    """One trace per case and fusion for the whole module (tracing runs every node for real)."""
+    key = (case[0], fuse)
+    if key not in _TRACES:
+        _, module, inputs, loss_fn, targets = case
+        _TRACES[key] = trace(module, inputs, loss_fn, targets, fuse=fuse)
+    return _TRACES[key]
+
+
+def _real_step(module, inputs, loss_fn, targets):
+    """An independent real step through fx: each fx node's value, and the tensors autograd saved while
+    each node ran (the loss under 'loss'), parameters left out."""
+    gm = fx.symbolic_trace(module)
+    values: dict[str, object] = {}
+    saved: dict[str, list[torch.Tensor]] = {}
+    current = ["loss"]
+
+    class Run(fx.Interpreter):
+        def run_node(self, n):
+            current[0] = n.name
+            values[n.name] = out = super().run_node(n)
+            current[0] = "loss"
+            return out
+
+    def pack(t):
+        saved.setdefault(current[0], []).append(t)
+        return t
+
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = Run(gm, garbage_collect_values=False).run(inputs)
+        loss_fn(out, targets)
+    module.load_state_dict(state)
+    params = {p.untyped_storage().data_ptr() for p in [*module.parameters(), *module.buffers()]}
+    params.add(targets.untyped_storage().data_ptr())
+    return values, {k: [t for t in v if t.untyped_storage().data_ptr() not in params] for k, v in saved.items()}
+
+
+def _producer(t: torch.Tensor, values: dict[str, object]) -> str | None:
+    """The fx node whose output is ``t`` (same storage; the view with the same layout first)."""
+    ptr = t.untyped_storage().data_ptr()
+    same_storage = [name for name, v in values.items() if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() == ptr]
+    for name in same_storage:
+        v = values[name]
+        if (v.storage_offset(), v.shape, v.stride()) == (t.storage_offset(), t.shape, t.stride()):
+            return name
+    return same_storage[0] if same_storage else None
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_backward_reads_every_saved_tensor(case, fuse):
+    _, module, inputs, loss_fn, targets = case
+    graph = _traced(case, fuse)
+    meta = graph.metadata
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    group_of = {fx_name: g for g, names in meta["fx_groups"].items() for fx_name in names}
+    grad_of = {fwd: bwd for bwd, fwd in meta["backward_of"].items()}
+    values, saved = _real_step(module, inputs, loss_fn, targets)
+    checked = 0
+    for fx_name, tensors in saved.items():
+        owner = meta["loss_node"] if fx_name == "loss" else group_of.get(fx_name)
+        if owner is None or not tensors:
+            continue
+        backward = graph.nodes[index[grad_of[owner]]]
+        for t in tensors:
+            producer = _producer(t, values)
+            # made inside the owner's node (or by one of its members): part of the owner's output
+            needed = owner if producer is None or group_of.get(producer) == owner else group_of[producer]
+            assert index[needed] in backward.inputs, f"{backward.name} does not read {needed}, whose tensor autograd saves"
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_flops_add_up_to_the_whole_step(case, fuse):
+    _, module, inputs, loss_fn, targets = case
+    graph = _traced(case, fuse)
+    forward, backward = whole_step_flops(module, inputs, loss_fn, targets)
+    assert forward > 0 and backward > 0
+    assert sum(graph.nodes[i].flop for i in graph.forward_indices) == forward
+    assert sum(graph.nodes[i].flop for i in graph.backward_indices) == backward
+
+
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_output_bytes_are_the_real_tensors(case, fuse):
+    _, module, inputs, loss_fn, targets = case
+    graph = _traced(case, fuse)
+    meta = graph.metadata
+    values, _ = _real_step(module, inputs, loss_fn, targets)
+    for i in graph.forward_indices:
+        node = graph.nodes[i]
+        assert node.output_bytes == meta["tensor_bytes"][node.name] + meta["internal_saved_bytes"][node.name]
+        if node.name == meta["loss_node"]:
+            continue
+        value = values[meta["fx_groups"][node.name][-1]]
+        assert meta["tensor_bytes"][node.name] == value.numel() * value.element_size()
+        assert node.output_shape == tuple(value.shape)
+    for i in graph.backward_indices:  # gradients w.r.t. the forward node's inputs that require grad
+        node = graph.nodes[i]
+        fwd = graph.nodes[index_of(graph, meta["backward_of"][node.name])]
+        expected = sum(meta["tensor_bytes"][graph.nodes[j].name] for j in fwd.inputs if graph.nodes[j].kind != "input")
+        assert node.output_bytes == expected
+
+
+def index_of(graph: TrainingGraph, name: str) -> int:
+    return next(i for i, node in enumerate(graph.nodes) if node.name == name)
+
+
+def test_skip_connection_appears_in_the_backward():
+    graph = trace(SkipNet(), torch.randn(4, 6), nn.CrossEntropyLoss(), torch.tensor([0, 1, 2, 0]))
+    names = [node.name for node in graph.nodes]
+    grad_relu = graph.nodes[names.index("grad:relu")]
+    # relu's output feeds lin2 and the add: its gradient is the sum of both backward nodes' outputs
+    assert names.index("grad:lin2") in grad_relu.inputs and names.index("grad:add") in grad_relu.inputs
+    assert names.index("relu") in grad_relu.inputs  # ReLU's backward reads its own output
+    assert names.index("lin1") not in grad_relu.inputs
+    grad_add = graph.nodes[names.index("grad:add")]
+    assert grad_add.inputs == (names.index("grad:head"),)  # an add saves nothing
+    assert "grad:x" not in names  # the data needs no gradient
+    assert graph.metadata["fx_groups"]["relu"] == ["relu"]
+
+
+def test_fusion_keeps_a_valid_training_graph():
+    torch.manual_seed(0)
+    module = ResNet18(width=8)
+    x, y = torch.randn(1, 3, 16, 16), torch.tensor([3])
+    plain = trace(module, x, nn.CrossEntropyLoss(), y)
+    fused = trace(module, x, nn.CrossEntropyLoss(), y, fuse=True)
+    assert fused.n_nodes < plain.n_nodes / 2
+    gm = fx.symbolic_trace(module)
+    fx_names = [n.name for n in gm.graph.nodes if n.op in ("placeholder", "call_module", "call_function", "call_method")]
+    groups = fused.metadata["fx_groups"]
+    members = [name for g in groups.values() for name in g]
+    assert sorted(members) == sorted(fx_names)  # every fx node in exactly one node
+    tails = {g[-1] for g in groups.values() if g}
+    by_name = {n.name: n for n in gm.graph.nodes}
+    for g in groups.values():
+        for name in g[:-1]:  # inner members are read only inside their group
+            assert all(user.name in g for user in by_name[name].users)
+    assert all(n.name in tails for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes)
+    assert "Conv2d+BatchNorm2d+add+ReLU" in {node.kind for node in fused.nodes}
+    assert TrainingGraph.from_json(fused.to_json()) == fused
+    assert fused.param_bytes == plain.param_bytes == sum(p.numel() * 4 for p in module.parameters())
+
+
+def test_tracing_leaves_the_module_unchanged():
+    torch.manual_seed(0)
+    module = ResNet18(width=8)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    x = torch.randn(2, 3, 16, 16)
+    rng = torch.get_rng_state()
+    trace(module, x, nn.CrossEntropyLoss(), torch.tensor([1, 2]), fuse=True)
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_untraceable_module_names_the_operation_and_the_way_out():
+    with pytest.raises(TraceError) as info:
+        trace(DataDependent(), torch.randn(2, 4), lambda out: out.sum())
+    message = str(info.value)
+    assert "\n" not in message
+    assert "if x.sum() > 0" in message and "test_trace.py" in message
+    assert "module 'gate' (Gate)" in message and "leaf_modules=('gate',)" in message
+    graph = trace(DataDependent(), torch.randn(2, 4), lambda out: out.sum(), leaf_modules=("gate",))
+    assert [node.kind for node in graph.nodes if not node.is_backward] == ["input", "Linear", "Gate", "loss"]
