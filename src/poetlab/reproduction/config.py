@@ -29,7 +29,8 @@ class PlatformTableConfig:
 class SweepConfig:
     """A grid of solves: every (model, platform) case at every memory-budget fraction (0: the smallest
     single-node footprint, 1: checkpoint-all's peak) and every runtime budget (a factor of one plain
-    step), by every method."""
+    step), by every method. ``workers`` cases are solved at once, each in its own process (each solve
+    uses ``threads`` solver threads)."""
 
     cases: tuple[tuple[str, str], ...]
     fractions: tuple[float, ...]
@@ -38,6 +39,7 @@ class SweepConfig:
     time_limit_s: float
     threads: int
     batch_size: int
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def _platforms_config(s: _Section) -> PlatformTableConfig:
 
 def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig:
     """``vary`` is the budget the stage sweeps: ``memory`` (fractions) or ``runtime`` (factors)."""
-    common = ("time_limit_s", "threads", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
+    common = ("time_limit_s", "threads", "workers", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
     if vary == "memory":
         s.only("models", "platforms", "fractions", *common)
         models = s.names("models", tuple(PAPER_MODELS), "model")
@@ -150,7 +152,7 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
     return SweepConfig(
         cases=cases, fractions=fractions, runtime_factors=factors, methods=chosen,
         time_limit_s=float(s.number("time_limit_s", 0.1)), threads=int(s.number("threads", 1, 64, integer=True)),
-        batch_size=int(s.number("batch_size", 1, integer=True)),
+        batch_size=int(s.number("batch_size", 1, integer=True)), workers=int(s.number("workers", 1, 64, integer=True)),
     )
 
 

@@ -18,11 +18,12 @@ PAPER_POET_OVERHEAD_BELOW = 0.01
 def capuchin_figure(rows: pd.DataFrame) -> plt.Figure:
     """Energy overhead (%) against the RAM budget (MB, tighter to the right), POET and Capuchin."""
     sns.set_theme(**STYLE)
-    data = rows[rows.feasible].assign(budget_mb=lambda t: t.ram_budget_bytes / 1e6, overhead_pct=lambda t: 100 * t.energy_overhead)
+    data = rows[rows.feasible].assign(budget_mb=lambda t: t.ram_budget_bytes / 1e6, overhead_pct=lambda t: 100 * t.energy_overhead.clip(lower=0))  # -1e-16 is rounding
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     ax.axhspan(100 * PAPER_CAPUCHIN_OVERHEAD[0], 100 * PAPER_CAPUCHIN_OVERHEAD[1], color="grey", alpha=0.15, lw=0, label="Capuchin in the paper")
     sns.lineplot(data=data, x="budget_mb", y="overhead_pct", hue="method", style="method", markers=True, dashes=False, ax=ax)
     ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylim(0, max(250.0, 1.2 * data.overhead_pct.max()))
     ax.invert_xaxis()
     case = f"{rows.model.iloc[0]} on {rows.platform.iloc[0]}" if len(rows) else ""
     ax.set_title(f"POET vs Capuchin, {case}")

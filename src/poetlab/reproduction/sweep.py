@@ -5,6 +5,7 @@ rows; energy, runtime and peak always come from the simulator, and MILP rows car
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
 import pandas as pd
@@ -21,18 +22,30 @@ COLUMNS: tuple[str, ...] = tuple(ComparisonRow.__dataclass_fields__)
 
 
 def sweep(config: SweepConfig) -> pd.DataFrame:
-    """Every method of ``config`` at every budget of every case. Graphs and platforms are all built
-    before the first solve, so a bad name fails at once."""
-    graphs = {model: build_paper_graph(model, config.batch_size) for model in dict.fromkeys(m for m, _ in config.cases)}
-    platforms = {name: load_platform(name) for name in dict.fromkeys(p for _, p in config.cases)}
+    """Every method of ``config`` at every budget of every case, one case per worker process when
+    ``config.workers`` > 1 (rows come back in the grid's order whatever finishes first). Graphs and
+    platforms are all built before the first solve, so a bad name fails at once."""
+    for model in dict.fromkeys(m for m, _ in config.cases):
+        build_paper_graph(model, config.batch_size)
+    for platform in dict.fromkeys(p for _, p in config.cases):
+        load_platform(platform)
+    jobs = [(model, platform, factor, config) for model, platform in config.cases for factor in config.runtime_factors]
+    progress = dict(desc="sweep", unit="case", total=len(jobs))
+    if config.workers > 1 and len(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs))) as pool:
+            parts = list(tqdm(pool.map(_solve_case, jobs), **progress))
+    else:
+        parts = [_solve_case(job) for job in tqdm(jobs, **progress)]
+    return pd.DataFrame([row for part in parts for row in part], columns=list(COLUMNS))
+
+
+def _solve_case(job: tuple[str, str, float, SweepConfig]) -> list[dict[str, object]]:
+    """One (model, platform, runtime budget): every method at every memory budget, as dicts."""
+    model, platform, factor, config = job
+    graph = build_paper_graph(model, config.batch_size)
+    costs = CostModel.from_flops(graph, load_platform(platform))
     options = PlanOptions(time_limit_s=config.time_limit_s, threads=config.threads)
-    jobs = [(model, platform, factor) for model, platform in config.cases for factor in config.runtime_factors]
-    rows = []
-    for model, platform, factor in tqdm(jobs, desc="sweep", unit="case"):
-        graph = graphs[model]
-        costs = CostModel.from_flops(graph, platforms[platform])
-        rows += [asdict(row) for row in compare_methods(graph, costs, config.fractions, factor, config.methods, options)]
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return [asdict(row) for row in compare_methods(graph, costs, config.fractions, factor, config.methods, options)]
 
 
 def read_rows(path) -> pd.DataFrame:
