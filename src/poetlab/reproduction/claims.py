@@ -69,10 +69,17 @@ def claim_integrated(o: Outputs) -> Claim:
     table = runtime_comparison(o.runtime, o.gap_tolerance)
     n, ok = len(table), int(table.poet_at_or_below_both.sum())
     saving = table.poet_saving_vs_best_other.dropna()
+    strictly = int((saving > 1e-9).sum())
     cases = ", ".join(dict.fromkeys(o.runtime.model + " on " + o.runtime.platform))
-    ours = f"POET at or below both one-lever MILPs at {ok} of {n} runtime budgets ({cases}); largest saving over the better one {_pct(saving.max() if len(saving) else None)}"
-    verdict = "reproduced" if ok == n else (
-        "differs: at some runtime budgets POET's MILP stopped at its time limit above a one-lever schedule, outside its gap (raise time_limit_s)")
+    ours = (f"POET at or below both one-lever MILPs at {ok} of {n} runtime budgets ({cases}), strictly below the better one at {strictly}; "
+            f"largest saving {_pct(saving.max() if len(saving) else None)}; POET's MIP gaps up to {_pct(table.poet_mip_gap.max())}")
+    if ok < n:
+        verdict = "differs: at some runtime budgets POET's MILP stopped at its time limit above a one-lever schedule, outside its gap (raise time_limit_s)"
+    elif strictly == 0:
+        verdict = ("differs: POET is never worse than either lever (it starts from the better one-lever schedule) but found no schedule "
+                   "below it within this preset's solver limit; its MIP gap leaves room for one (the full preset gives 300 s per solve)")
+    else:
+        verdict = "reproduced"
     return Claim("fig4_integrated", "Integrated remat + paging uses less energy than remat only or paging only at every runtime budget",
                  "Fig. 4", "POET lowest at every runtime budget", ours, verdict)
 
@@ -116,15 +123,22 @@ def claim_poet_below_capuchin(o: Outputs) -> Claim:
     table = capuchin_table(o.capuchin)
     both = table.dropna(subset=["poet_overhead", "capuchin_overhead"])
     case = f"{o.capuchin.model.iloc[0]} on {o.capuchin.platform.iloc[0]}"
-    slack = both.poet_mip_gap + o.gap_tolerance
-    above = both[(1 + both.poet_overhead) > (1 + both.capuchin_overhead) * (1 + slack) + 1e-12]
-    within_gap = int(((both.poet_overhead > both.capuchin_overhead + 1e-12) & ~both.index.isin(above.index)).sum())
+    above = both.poet_overhead > both.capuchin_overhead + 1e-12
+    outside_gap = (1 + both.poet_overhead) > (1 + both.capuchin_overhead) * (1 + both.poet_mip_gap + o.gap_tolerance) + 1e-12
     no_poet = int(table.poet_overhead.isna().sum())
-    ours = (f"POET at or below Capuchin at {len(both) - len(above)} of {len(both)} budgets where both plan ({case})"
-            + (f"; above it only within POET's MIP gap at {within_gap}" if within_gap else "")
+    ours = (f"POET at or below Capuchin at {int((~above).sum())} of {len(both)} budgets where both plan ({case})"
+            + (f"; above it by at most {_pct((both.poet_overhead - both.capuchin_overhead)[above].max())} of a plain step at {int(above.sum())}, "
+               f"{int(outside_gap.sum())} of them outside POET's MIP gap" if above.any() else "")
             + (f"; POET has no schedule at {no_poet}" if no_poet else ""))
-    return Claim("fig5_poet_below_capuchin", "POET uses less energy than Capuchin at every RAM budget", "Fig. 5", "POET below Capuchin at every budget", ours,
-                 "reproduced" if above.empty and not no_poet else "differs: POET's MILP stopped at its time limit above Capuchin's schedule, outside its gap (raise time_limit_s)")
+    if not above.any() and not no_poet:
+        verdict = "reproduced"
+    elif not outside_gap.any() and not no_poet:
+        verdict = ("differs: POET's MILP stopped at this preset's time limit within its MIP gap of Capuchin's energy, so it is not "
+                   f"proven below it; both stay within {_pct(both[['poet_overhead', 'capuchin_overhead']].max().max())} of a plain step here "
+                   "(the full preset gives 300 s per solve)")
+    else:
+        verdict = "differs: POET's MILP stopped at its time limit above Capuchin's schedule, outside its gap (raise time_limit_s)"
+    return Claim("fig5_poet_below_capuchin", "POET uses less energy than Capuchin at every RAM budget", "Fig. 5", "POET below Capuchin at every budget", ours, verdict)
 
 
 def _pofo_claim(o: Outputs, key: str, column: str, paper_value: float, text: str, better: Callable[[float], bool], why: str) -> Claim:
