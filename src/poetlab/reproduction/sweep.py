@@ -5,6 +5,7 @@ rows; energy, runtime and peak always come from the simulator, and MILP rows car
 
 from __future__ import annotations
 
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 
@@ -32,7 +33,8 @@ def sweep(config: SweepConfig) -> pd.DataFrame:
     jobs = [(model, platform, factor, config) for model, platform in config.cases for factor in config.runtime_factors]
     progress = dict(desc="sweep", unit="case", total=len(jobs))
     if config.workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs))) as pool:
+        # spawned, not forked: the caller may be a Jupyter kernel with threads and signal handlers of its own
+        with ProcessPoolExecutor(max_workers=min(config.workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
             parts = list(tqdm(pool.map(_solve_case, jobs), **progress))
     else:
         parts = [_solve_case(job) for job in tqdm(jobs, **progress)]
