@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 
 from poetlab._io import write_text_atomic
 from poetlab.costs import CostModel
+from poetlab.errors import InvalidArgumentError
 from poetlab.paper_models import build_paper_graph
 from poetlab.platforms import load_platform
 from poetlab.summary import summarize_graph
@@ -37,9 +38,23 @@ def graph_table(
     return pd.DataFrame(rows)
 
 
-def write_table(table: pd.DataFrame, stem: str | os.PathLike[str]) -> tuple[Path, Path]:
-    """Write ``stem.csv`` and ``stem.md``."""
+def write_table(
+    table: pd.DataFrame, stem: str | os.PathLike[str], formats: tuple[str, ...] = ("csv", "md")
+) -> tuple[Path, ...]:
+    """Write ``stem.csv``, ``stem.md`` and, with ``"tex"`` in ``formats``, ``stem.tex`` (a LaTeX
+    ``tabular`` for papers), each atomically. Returns the paths in the order of ``formats``."""
     stem = Path(stem)
-    csv = write_text_atomic(stem.with_suffix(".csv"), table.to_csv(index=False, float_format="%.12g"))
-    markdown = write_text_atomic(stem.with_suffix(".md"), table.to_markdown(index=False, floatfmt=".6g") + "\n")
-    return csv, markdown
+    writers = {
+        "csv": lambda: table.to_csv(index=False, float_format="%.12g"),
+        "md": lambda: table.to_markdown(index=False, floatfmt=".6g") + "\n",
+        "tex": lambda: _latex(table),
+    }
+    unknown = [suffix for suffix in formats if suffix not in writers]
+    if unknown:
+        raise InvalidArgumentError(f"unknown table format {unknown[0]!r}; valid formats: {', '.join(writers)}")
+    return tuple(write_text_atomic(stem.with_name(f"{stem.name}.{suffix}"), writers[suffix]()) for suffix in formats)
+
+
+def _latex(table: pd.DataFrame) -> str:
+    """A booktabs-free ``tabular`` (no extra LaTeX packages needed), numbers to 6 significant digits."""
+    return table.to_latex(index=False, float_format=lambda x: f"{x:.6g}", na_rep="--", escape=True)

@@ -1,0 +1,226 @@
+"""Each reproduction stage's parameters (``params.yaml``, ``presets.<preset>.<stage>``), checked in full
+before any work starts: an unknown model or platform, an empty budget grid or a value out of range stops
+the stage with one line that names the key, e.g. ``presets.default.fig3_frontier.platforms``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from poetlab.baselines.milp_variants import MILP_VARIANTS
+from poetlab.comparison import METHODS
+from poetlab.errors import InvalidArgumentError
+from poetlab.paper_models import PAPER_MODELS
+from poetlab.pipeline import PARAMS_FILE, load_params, stage_params
+from poetlab.platforms import available_platforms
+
+
+@dataclass(frozen=True)
+class PlatformTableConfig:
+    platforms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A grid of solves: every (model, platform) case at every memory-budget fraction (0: the smallest
+    single-node footprint, 1: checkpoint-all's peak) and every runtime budget (a factor of one plain
+    step), by every method. ``workers`` cases are solved at once, each in its own process (each solve
+    uses ``threads`` solver threads)."""
+
+    cases: tuple[tuple[str, str], ...]
+    fractions: tuple[float, ...]
+    runtime_factors: tuple[float, ...]
+    methods: tuple[str, ...]
+    time_limit_s: float
+    threads: int
+    batch_size: int
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class FeasibilityConfig:
+    models: tuple[str, ...]
+    platforms: tuple[str, ...]
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class ClaimsConfig:
+    """``gap_tolerance``: how much above another method POET may be when its MILP stopped at its time
+    limit, beyond its own reported gap, before a claim that POET is cheaper counts as not reproduced."""
+
+    gap_tolerance: float
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    title: str
+
+
+class _Section:
+    """Reads one stage's section and names the exact key in every error."""
+
+    def __init__(self, stage: str, preset: str, values: Mapping[str, Any], path: str):
+        self.stage, self.preset, self.values, self.path = stage, preset, values, path
+
+    def key(self, name: str) -> str:
+        return f"presets.{self.preset}.{self.stage}.{name}"
+
+    def fail(self, name: str, problem: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{self.path}: {self.key(name)} {problem}")
+
+    def get(self, name: str) -> Any:
+        if name not in self.values:
+            raise self.fail(name, "is missing; add it (see the other presets)")
+        return self.values[name]
+
+    def names(self, name: str, valid: Sequence[str], kind: str) -> tuple[str, ...]:
+        values = self.get(name)
+        if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+            raise self.fail(name, f"must be a non-empty list of {kind}s; valid {kind}s: {', '.join(valid)}")
+        for value in values:
+            if value not in valid:
+                raise self.fail(name, f"has unknown {kind} {value!r}; valid {kind}s: {', '.join(valid)}")
+        if len(set(values)) != len(values):
+            raise self.fail(name, f"lists a {kind} twice; list each once")
+        return tuple(values)
+
+    def name(self, name: str, valid: Sequence[str], kind: str) -> str:
+        value = self.get(name)
+        if value not in valid:
+            raise self.fail(name, f"is an unknown {kind} {value!r}; valid {kind}s: {', '.join(valid)}")
+        return value
+
+    def number(self, name: str, low: float, high: float = math.inf, integer: bool = False) -> float:
+        value = self.get(name)
+        kind = numbers.Integral if integer else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind) or not (low <= value <= high):
+            span = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+            raise self.fail(name, f"must be {'an integer' if integer else 'a number'} {span}, got {value!r}")
+        return value
+
+    def grid(self, name: str, low: float, high: float = math.inf) -> tuple[float, ...]:
+        values = self.get(name)
+        if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+            raise self.fail(name, f"is an empty grid; give at least one number {'>= ' + format(low, 'g') if high == math.inf else f'in [{low:g}, {high:g}]'}")
+        for value in values:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (low <= value <= high):
+                raise self.fail(name, f"has {value!r}; every value must be a number {'>= ' + format(low, 'g') if high == math.inf else f'in [{low:g}, {high:g}]'}")
+        if len(set(values)) != len(values):
+            raise self.fail(name, "lists a value twice; list each once")
+        return tuple(float(v) for v in values)
+
+    def text(self, name: str) -> str:
+        value = self.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(name, "must be non-empty text")
+        return value
+
+    def only(self, *allowed: str) -> None:
+        unknown = sorted(set(self.values) - set(allowed))
+        if unknown:
+            raise self.fail(unknown[0], f"is not a parameter of this stage; known: {', '.join(allowed)}")
+
+
+def _platforms_config(s: _Section) -> PlatformTableConfig:
+    s.only("platforms")
+    return PlatformTableConfig(s.names("platforms", available_platforms(), "platform"))
+
+
+def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig:
+    """``vary`` is the budget the stage sweeps: ``memory`` (fractions) or ``runtime`` (factors)."""
+    common = ("time_limit_s", "threads", "workers", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
+    if vary == "memory":
+        s.only("models", "platforms", "fractions", *common)
+        models = s.names("models", tuple(PAPER_MODELS), "model")
+        platforms = s.names("platforms", available_platforms(), "platform")
+        cases = tuple((m, p) for p in platforms for m in models)
+        fractions = s.grid("fractions", 0.0, 1.0)
+        factors = (float(s.number("runtime_factor", 1.0)),)
+        chosen = tuple(methods)
+    else:
+        s.only("cases", "fraction", "methods", *common)
+        cases = _cases(s, "cases")
+        fractions = (float(s.number("fraction", 0.0, 1.0)),)
+        factors = s.grid("runtime_factors", 1.0)
+        chosen = s.names("methods", methods, "method")
+    return SweepConfig(
+        cases=cases, fractions=fractions, runtime_factors=factors, methods=chosen,
+        time_limit_s=float(s.number("time_limit_s", 0.1)), threads=int(s.number("threads", 1, 64, integer=True)),
+        batch_size=int(s.number("batch_size", 1, integer=True)), workers=int(s.number("workers", 1, 64, integer=True)),
+    )
+
+
+def _pair_config(s: _Section, methods: Sequence[str]) -> SweepConfig:
+    """One (model, platform), a ladder of memory budgets, POET and one baseline."""
+    s.only("model", "platform", "fractions", "runtime_factor", "time_limit_s", "threads", "batch_size")
+    case = (s.name("model", tuple(PAPER_MODELS), "model"), s.name("platform", available_platforms(), "platform"))
+    return SweepConfig(
+        cases=(case,), fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
+        methods=tuple(methods), time_limit_s=float(s.number("time_limit_s", 0.1)),
+        threads=int(s.number("threads", 1, 64, integer=True)), batch_size=int(s.number("batch_size", 1, integer=True)),
+    )
+
+
+def _cases(s: _Section, name: str) -> tuple[tuple[str, str], ...]:
+    values = s.get(name)
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise s.fail(name, "must be a non-empty list of [model, platform] pairs")
+    platforms = available_platforms()
+    cases = []
+    for value in values:
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != 2:
+            raise s.fail(name, f"has {value!r}; each case is a [model, platform] pair")
+        model, platform = value
+        if model not in PAPER_MODELS:
+            raise s.fail(name, f"has unknown model {model!r}; valid models: {', '.join(PAPER_MODELS)}")
+        if platform not in platforms:
+            raise s.fail(name, f"has unknown platform {platform!r}; valid platforms: {', '.join(platforms)}")
+        cases.append((model, platform))
+    return tuple(cases)
+
+
+def _feasibility_config(s: _Section) -> FeasibilityConfig:
+    s.only("models", "platforms", "batch_size")
+    return FeasibilityConfig(
+        s.names("models", tuple(PAPER_MODELS), "model"), s.names("platforms", available_platforms(), "platform"),
+        int(s.number("batch_size", 1, integer=True)),
+    )
+
+
+def _claims_config(s: _Section) -> ClaimsConfig:
+    s.only("gap_tolerance")
+    return ClaimsConfig(float(s.number("gap_tolerance", 0.0, 1.0)))
+
+
+def _report_config(s: _Section) -> ReportConfig:
+    s.only("title")
+    return ReportConfig(s.text("title"))
+
+
+STAGES: Mapping[str, Callable[[_Section], object]] = {
+    "table2_platforms": _platforms_config,
+    "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
+    "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
+    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin")),
+    "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo")),
+    "feasibility": _feasibility_config,
+    "claims": _claims_config,
+    "report": _report_config,
+}
+assert set(MILP_VARIANTS) <= set(METHODS)
+
+
+def stage_config(stage: str, preset: str | None = None, params_file: str | os.PathLike[str] = PARAMS_FILE) -> Any:
+    """The validated parameters of reproduction ``stage`` in ``preset`` (default: the active one)."""
+    if stage not in STAGES:
+        raise InvalidArgumentError(f"unknown reproduction stage {stage!r}; valid stages: {', '.join(STAGES)}")
+    if preset is None:
+        preset = load_params(params_file).get("preset", "default")
+    values = stage_params(stage, preset, params_file)
+    return STAGES[stage](_Section(stage, preset, values, str(params_file)))

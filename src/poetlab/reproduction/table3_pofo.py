@@ -1,0 +1,50 @@
+"""The paper's Table 3: POET against POFO (Beaumont et al. 2021), ResNet-18 on the Jetson TX2: peak memory
+and throughput. The paper reports POET at 8.3% less peak memory and 13% more throughput than POFO.
+
+Both plan at the same RAM budgets and runtime budget on the same simulator. Throughput is training steps
+per second, one over the simulator's step time (compute plus paging, one after the other: transfers
+are not assumed to hide under compute, for either method)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+PAPER_PEAK_CHANGE = -0.083
+PAPER_THROUGHPUT_CHANGE = 0.13
+
+
+def pofo_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per RAM budget: each method's peak, throughput and energy, and POET's relative change."""
+    out = []
+    for (fraction, budget), at in rows.groupby(["budget_fraction", "ram_budget_bytes"], sort=False):
+        by = at.set_index("method")
+        row: dict[str, object] = {"budget_fraction": float(fraction), "ram_budget_bytes": int(budget)}
+        for method in ("pofo", "poet"):
+            r = by.loc[method]
+            row[f"{method}_peak_ram_bytes"] = int(r.peak_ram_bytes) if r.feasible else None
+            row[f"{method}_steps_per_s"] = float(1 / r.runtime_s) if r.feasible else None
+            row[f"{method}_energy_j"] = float(r.energy_j) if r.feasible else None
+        both = row["pofo_peak_ram_bytes"] is not None and row["poet_peak_ram_bytes"] is not None
+        row["poet_peak_change"] = row["poet_peak_ram_bytes"] / row["pofo_peak_ram_bytes"] - 1 if both else None
+        row["poet_throughput_change"] = row["poet_steps_per_s"] / row["pofo_steps_per_s"] - 1 if both else None
+        row["poet_energy_change"] = row["poet_energy_j"] / row["pofo_energy_j"] - 1 if both else None
+        row["poet_status"] = by.loc["poet"].status
+        row["pofo_status"] = by.loc["pofo"].status
+        out.append(row)
+    return pd.DataFrame(out).sort_values("budget_fraction", ascending=False, ignore_index=True)
+
+
+def pofo_metrics(table: pd.DataFrame) -> dict[str, object]:
+    """The mean of POET's changes over the budgets where both methods have a schedule (the paper gives
+    one number per metric)."""
+    both = table.dropna(subset=["poet_peak_change"])
+    mean = (lambda col: None if both.empty else float(both[col].mean()))
+    return {
+        "n_budgets": int(len(table)),
+        "n_both_feasible": int(len(both)),
+        "n_pofo_infeasible": int(table.pofo_peak_ram_bytes.isna().sum()),
+        "n_poet_infeasible": int(table.poet_peak_ram_bytes.isna().sum()),
+        "mean_poet_peak_change": mean("poet_peak_change"),
+        "mean_poet_throughput_change": mean("poet_throughput_change"),
+        "mean_poet_energy_change": mean("poet_energy_change"),
+    }

@@ -1,0 +1,314 @@
+"""The reproduction stages: each figure and table function on small tidy inputs, the parameter checks,
+and the smoke preset's notebooks executed for real with papermill, asserting on the metrics they write."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import papermill
+import pytest
+import yaml
+
+from conftest import REPO
+from poetlab.comparison import ComparisonRow
+from poetlab.errors import InvalidArgumentError, UnknownNameError
+from poetlab.paper_models import build_paper_graph
+from poetlab.platforms import load_platform
+from poetlab.reproduction import claims as claims_module
+from poetlab.reproduction.config import STAGES, SweepConfig, stage_config
+from poetlab.reproduction.feasibility import feasibility_table, inference_peak_bytes, memory_ratio_table
+from poetlab.reproduction.fig3_frontier import frontier_figure, frontier_summary
+from poetlab.reproduction.fig4_runtime import runtime_comparison, runtime_figure
+from poetlab.reproduction.fig5_capuchin import capuchin_figure, capuchin_metrics, capuchin_table
+from poetlab.reproduction.report import Section, report_markdown
+from poetlab.reproduction.table2_platforms import platform_table
+from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
+from poetlab.tables import write_table
+
+PARAMS = REPO / "params.yaml"
+NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report")
+
+
+def row(method="poet", fraction=1.0, energy=1.0, plain=1.0, peak=100, runtime=1.0, factor=2.0, gap=0.0, status="optimal",
+        model="m", platform="p", budget=None, feasible=True) -> dict:
+    return dict(
+        model=model, platform=platform, method=method, budget_fraction=fraction,
+        ram_budget_bytes=budget if budget is not None else int(50 + 50 * fraction), runtime_budget_factor=factor,
+        feasible=feasible, status=status if feasible else "infeasible", energy_j=energy if feasible else None,
+        energy_overhead=energy / plain - 1 if feasible else None, runtime_s=runtime if feasible else None,
+        peak_ram_bytes=peak if feasible else None, n_recomputes=0, n_pageouts=0, mip_gap=gap, plan_time_s=0.1, reason="",
+    )
+
+
+def rows(*items: dict) -> pd.DataFrame:
+    table = pd.DataFrame(list(items))
+    assert list(table.columns) == list(ComparisonRow.__dataclass_fields__)
+    return table
+
+
+# --- figure and table functions on small tidy inputs -----------------------------------------------------
+
+
+def test_frontier_summary_and_figure():
+    data = rows(
+        row(fraction=1.0, energy=1.0, peak=100), row(fraction=0.5, energy=1.01, peak=70), row(fraction=0.0, energy=1.05, peak=50),
+        row(fraction=1.0, energy=2.0, plain=2.0, peak=10, platform="q"), row(fraction=0.0, platform="q", feasible=False),
+    )
+    summary = frontier_summary(data).set_index("platform")
+    assert summary.loc["p", "memory_reduction"] == pytest.approx(2.0)
+    assert summary.loc["p", "energy_overhead_at_min_peak"] == pytest.approx(0.05)
+    assert summary.loc["q", "n_feasible"] == 1 and summary.loc["q", "n_budgets"] == 2
+    fig = frontier_figure(data, {"p": 80, "q": None})
+    assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["p", "q"]
+    plt.close(fig)
+
+
+def test_runtime_comparison_flags_poet_above_a_one_lever_method():
+    data = rows(
+        row("poet", 0.2, 1.10, factor=1.0), row("checkmate", 0.2, feasible=False, factor=1.0), row("paging_only", 0.2, 1.10, factor=1.0),
+        row("poet", 0.2, 1.05, factor=2.0, gap=0.01), row("checkmate", 0.2, 1.06, factor=2.0), row("paging_only", 0.2, 1.10, factor=2.0),
+        row("poet", 0.2, 1.20, factor=3.0, gap=0.01), row("checkmate", 0.2, 1.06, factor=3.0), row("paging_only", 0.2, 1.10, factor=3.0),
+    )
+    table = runtime_comparison(data)
+    assert table.poet_at_or_below_both.tolist() == [True, True, False]
+    assert table.poet_saving_vs_best_other.iloc[1] == pytest.approx(1 - 1.05 / 1.06)
+    fig = runtime_figure(data)
+    assert len(fig.axes) == 1
+    plt.close(fig)
+
+
+def test_capuchin_table_metrics_and_figure():
+    data = rows(
+        row("poet", 1.0, 1.0), row("capuchin", 1.0, 1.0),
+        row("poet", 0.5, 1.001), row("capuchin", 0.5, 1.8),
+        row("poet", 0.0, 1.004, gap=0.001), row("capuchin", 0.0, feasible=False),
+    )
+    table = capuchin_table(data)
+    assert table.budget_fraction.tolist() == [1.0, 0.5, 0.0]
+    assert table.capuchin_overhead.iloc[1] == pytest.approx(0.8) and pd.isna(table.capuchin_overhead.iloc[2])
+    assert table.poet_mip_gap.tolist() == [0.0, 0.0, 0.001]
+    metrics = capuchin_metrics(data)
+    assert metrics["poet"]["max_overhead"] == pytest.approx(0.004) and metrics["capuchin"]["n_feasible"] == 1
+    fig = capuchin_figure(data)
+    assert fig.axes[0].xaxis_inverted()  # tighter budgets to the right
+    plt.close(fig)
+
+
+def test_pofo_table_changes():
+    data = rows(row("poet", 0.5, 1.0, peak=90, runtime=1.0), row("pofo", 0.5, 1.1, peak=100, runtime=1.25), row("poet", 0.0, 1.2, peak=50), row("pofo", 0.0, feasible=False))
+    table = pofo_table(data)
+    first = table.iloc[0]
+    assert first.poet_peak_change == pytest.approx(-0.1) and first.poet_throughput_change == pytest.approx(0.25)
+    assert pd.isna(table.iloc[1].poet_peak_change)
+    metrics = pofo_metrics(table)
+    assert metrics["n_both_feasible"] == 1 and metrics["n_pofo_infeasible"] == 1
+    assert metrics["mean_poet_peak_change"] == pytest.approx(-0.1)
+
+
+def test_feasibility_and_memory_ratio():
+    linear = build_paper_graph("linear")
+    assert inference_peak_bytes(linear) == 3176  # 784 inputs and the first 10-wide layer's output, 4 bytes each, and the rest freed
+    ratio = memory_ratio_table(["linear"]).iloc[0]
+    assert ratio.train_peak_bytes == 7416 and ratio.train_vs_inference == pytest.approx(7416 / 3176)
+    table = feasibility_table(["linear", "resnet18_cifar"], [load_platform("m0"), load_platform("m4")])
+    assert table.verified_by_schedule.all()
+    fits = {(r.model, r.platform): r.fits_device_ram for r in table.itertuples()}
+    assert fits == {("linear", "m0"): True, ("linear", "m4"): True, ("resnet18_cifar", "m0"): False, ("resnet18_cifar", "m4"): True}
+
+
+def test_platform_table_takes_any_platforms():
+    table = platform_table([load_platform("jetsontx2"), load_platform("m0")])
+    assert table.platform.tolist() == ["jetsontx2", "m0"]
+    assert table.set_index("platform").compute_source.to_dict() == {"jetsontx2": "poetlab estimate", "m0": "POET release"}
+
+
+def test_write_table_latex(tmp_path):
+    paths = write_table(pd.DataFrame({"model": ["a_b"], "x": [1.5]}), tmp_path / "t", ("csv", "md", "tex"))
+    assert [p.suffix for p in paths] == [".csv", ".md", ".tex"]
+    tex = paths[2].read_text()
+    assert "\\begin{tabular}" in tex and "a\\_b" in tex
+    with pytest.raises(InvalidArgumentError, match="unknown table format"):
+        write_table(pd.DataFrame({"a": [1]}), tmp_path / "t", ("xls",))
+
+
+def test_claims_on_small_inputs():
+    outputs = claims_module.Outputs(
+        frontier=rows(row(fraction=1.0, peak=100), row(fraction=0.0, energy=1.004, peak=40)),
+        runtime=rows(row("poet", 0.2, 1.0), row("checkmate", 0.2, 1.1), row("paging_only", 0.2, 1.05)),
+        capuchin=rows(row("poet", 1.0), row("capuchin", 1.0), row("poet", 0.3, 1.002), row("capuchin", 0.3, 1.9)),
+        pofo=pofo_table(rows(row("poet", 0.5, 1.0, peak=90, runtime=1.0), row("pofo", 0.5, 1.1, peak=100, runtime=1.2))),
+        feasibility=feasibility_table(["resnet18"], [load_platform("m4")]),
+        memory_ratio=pd.DataFrame([{"model": "resnet50", "batch_size": 1, "train_vs_inference": 250.0, "train_vs_inference_with_params": 3.0}]),
+    )
+    table = claims_module.claims_table(outputs)
+    verdict = dict(zip(table.key, table.verdict, strict=True))
+    assert set(table.verdict.str.split(":").str[0]) <= {"reproduced", "differs"}
+    assert verdict["fig5_capuchin_overhead"] == "reproduced"  # +90% is within the paper's range
+    assert verdict["fig5_poet_overhead"] == verdict["fig5_poet_below_capuchin"] == "reproduced"
+    assert verdict["table3_peak"] == verdict["table3_throughput"] == "reproduced"
+    assert verdict["fig3_frontier"] == verdict["fig4_integrated"] == verdict["train_vs_inference"] == "reproduced"
+    assert verdict["cortex_m"].startswith("differs: ")  # ImageNet ResNet-18 needs MBs, not kBs
+    assert "\n" not in "".join(table.verdict)
+
+
+def test_report_markdown_has_claims_and_sections():
+    claims = pd.DataFrame([{"key": "k", "claim": "c", "section": "Fig. 5", "paper": "1", "ours": "2", "verdict": "reproduced"}])
+    text = report_markdown("T", "smoke", claims, [Section("Fig. 3", "what it shows", "figures/fig3.png", pd.DataFrame({"a": [1]}))])
+    assert text.startswith("# T\n") and "1 of 1 claims reproduced" in text and "![Fig. 3](figures/fig3.png)" in text
+
+
+# --- parameters ------------------------------------------------------------------------------------------
+
+
+def bad_params(tmp_path, stage: str, key: str, value) -> str:
+    params = yaml.safe_load(PARAMS.read_text())
+    params["presets"]["smoke"][stage][key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return str(path)
+
+
+def test_every_preset_has_valid_reproduction_params():
+    for preset in ("smoke", "default", "full"):
+        for stage in STAGES:
+            stage_config(stage, preset, PARAMS)
+    frontier = stage_config("fig3_frontier", "default", PARAMS)
+    assert isinstance(frontier, SweepConfig)
+    assert {m for m, _ in frontier.cases} == {"resnet18", "resnet50", "vgg16", "bert"}
+    assert {p for _, p in frontier.cases} == {"m0", "m4", "a72", "jetsontx2"}
+
+
+@pytest.mark.parametrize(
+    ("stage", "key", "value", "message"),
+    [
+        ("fig3_frontier", "platforms", ["m0", "cray1"], "presets.smoke.fig3_frontier.platforms has unknown platform 'cray1'"),
+        ("fig3_frontier", "models", ["resnet1000"], "presets.smoke.fig3_frontier.models has unknown model 'resnet1000'"),
+        ("fig3_frontier", "fractions", [], "presets.smoke.fig3_frontier.fractions is an empty grid"),
+        ("fig3_frontier", "fractions", [0.5, 1.5], "presets.smoke.fig3_frontier.fractions has 1.5"),
+        ("fig4_runtime", "runtime_factors", [], "presets.smoke.fig4_runtime.runtime_factors is an empty grid"),
+        ("fig4_runtime", "cases", [["linear", "nowhere"]], "presets.smoke.fig4_runtime.cases has unknown platform 'nowhere'"),
+        ("fig4_runtime", "methods", ["poet", "dtr"], "presets.smoke.fig4_runtime.methods has unknown method 'dtr'"),
+        ("fig5_capuchin", "platform", "a99", "presets.smoke.fig5_capuchin.platform is an unknown platform 'a99'"),
+        ("table3_pofo", "time_limit_s", 0, "presets.smoke.table3_pofo.time_limit_s must be a number"),
+        ("table2_platforms", "platforms", ["m0", "m0"], "presets.smoke.table2_platforms.platforms lists a platform twice"),
+        ("feasibility", "batch_size", True, "presets.smoke.feasibility.batch_size must be an integer"),
+        ("claims", "gap_tolerence", 0.1, "presets.smoke.claims.gap_tolerence is not a parameter of this stage"),
+    ],
+)
+def test_bad_params_name_the_key(tmp_path, stage, key, value, message):
+    path = bad_params(tmp_path, stage, key, value)
+    with pytest.raises(InvalidArgumentError) as excinfo:
+        stage_config(stage, "smoke", path)
+    assert message in str(excinfo.value) and "\n" not in str(excinfo.value)
+    with pytest.raises(UnknownNameError, match="valid presets"):
+        stage_config(stage, "nosuchpreset", PARAMS)
+
+
+def test_check_command_prints_one_line(tmp_path):
+    bad = bad_params(tmp_path, "fig3_frontier", "platforms", ["cray1"])
+    (tmp_path / "data").symlink_to(REPO / "data")
+    done = subprocess.run([sys.executable, "-m", "poetlab.reproduction", "check", "fig3_frontier", "smoke"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "presets.smoke.fig3_frontier.platforms" in done.stderr
+    good = subprocess.run([sys.executable, "-m", "poetlab.reproduction", "check", "fig3_frontier", "smoke"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+
+
+def test_bad_params_leave_no_partial_outputs(tmp_path):
+    path = bad_params(tmp_path, "fig3_frontier", "fractions", [])
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(papermill.PapermillExecutionError, match="presets.smoke.fig3_frontier.fractions"):
+        papermill.execute_notebook(
+            str(REPO / "notebooks" / "fig3_frontier.ipynb"), str(tmp_path / "executed.ipynb"),
+            parameters={"preset": "smoke", "params_file": path, "output_dir": str(out)}, kernel_name="python3", cwd=str(REPO), progress_bar=False,
+        )
+    assert list(out.rglob("*")) == []
+
+
+# --- the smoke preset's notebooks, executed ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_outputs(tmp_path_factory):
+    """Every reproduction notebook on the smoke preset, in the pipeline's order, into one folder."""
+    out = tmp_path_factory.mktemp("smoke")
+    for name in NOTEBOOKS:
+        papermill.execute_notebook(
+            str(REPO / "notebooks" / f"{name}.ipynb"), str(out / f"{name}.ipynb"),
+            parameters={"preset": "smoke", "params_file": str(PARAMS), "output_dir": str(out)},
+            kernel_name="python3", cwd=str(REPO), progress_bar=False,
+        )
+    return out
+
+
+def metrics(out, name):
+    return json.loads((out / "metrics" / f"{name}.json").read_text())
+
+
+def test_smoke_platform_table(smoke_outputs):
+    assert metrics(smoke_outputs, "table2_platforms") == {"n_platforms": 5, "estimated": ["jetsontx2"]}
+    assert (smoke_outputs / "tables" / "table2_platforms.tex").read_text().startswith("\\begin{tabular}")
+
+
+def test_smoke_fig3_frontier(smoke_outputs):
+    m = metrics(smoke_outputs, "fig3_frontier")
+    smoke = stage_config("fig3_frontier", "smoke", PARAMS)
+    assert m["n_rows"] == len(smoke.cases) * len(smoke.fractions) and m["n_infeasible"] == 0
+    footprint_vs_peak = 7416 / 3256  # linear: checkpoint-all's peak over the smallest footprint
+    assert m["max_memory_reduction"] == pytest.approx(footprint_vs_peak)
+    assert 0 <= m["max_energy_overhead"] < 0.05
+    for suffix in ("png", "pdf"):
+        assert (smoke_outputs / "figures" / f"fig3_frontier.{suffix}").stat().st_size > 1000
+
+
+def test_smoke_fig4_runtime(smoke_outputs):
+    m = metrics(smoke_outputs, "fig4_runtime")
+    assert m["n_runtime_budgets"] == 2 and m["poet_at_or_below_both"] == 2
+    assert m["n_feasible"]["poet"] == 2 and m["n_feasible"]["paging_only"] == 2
+
+
+def test_smoke_fig5_capuchin(smoke_outputs):
+    m = metrics(smoke_outputs, "fig5_capuchin")
+    assert m["poet"]["n_feasible"] == m["poet"]["n_budgets"] == 2
+    assert m["poet"]["max_overhead"] < 0.01  # the paper: under 1%
+
+
+def test_smoke_table3_pofo(smoke_outputs):
+    m = metrics(smoke_outputs, "table3_pofo")
+    assert m["n_budgets"] == 2 and m["n_poet_infeasible"] == 0
+    assert m["mean_poet_peak_change"] <= 0
+
+
+def test_smoke_feasibility(smoke_outputs):
+    m = metrics(smoke_outputs, "feasibility")
+    assert m["all_verified"] and m["min_train_ram_bytes"] == {"linear": 3256, "resnet18_cifar": 262144}
+    assert m["fits_device_ram"]["resnet18_cifar/m4"] and not m["fits_device_ram"]["resnet18_cifar/m0"]
+
+
+def test_smoke_claims_and_report(smoke_outputs):
+    m = metrics(smoke_outputs, "claims")
+    assert m["n_claims"] == len(claims_module.CLAIMS)
+    assert set(m["verdicts"].values()) <= {"reproduced", "differs"}
+    assert m["verdicts"]["fig5_poet_overhead"] == "reproduced"
+    report = (smoke_outputs / "report.md").read_text()
+    assert "## The paper's claims" in report
+    for figure in ("fig3_frontier", "fig4_runtime", "fig5_capuchin"):
+        assert f"](figures/{figure}.png)" in report
+
+
+# --- what is committed -----------------------------------------------------------------------------------
+
+
+def test_committed_reproduction_outputs_match_the_active_preset():
+    frontier = stage_config("fig3_frontier", None, PARAMS)
+    results = pd.read_csv(REPO / "experiments" / "results" / "fig3_frontier.csv")
+    assert sorted(set(zip(results.model, results.platform))) == sorted(frontier.cases)
+    assert sorted(set(results.budget_fraction)) == sorted(frontier.fractions)
+    claims = pd.read_csv(REPO / "experiments" / "tables" / "claims.csv")
+    assert len(claims) == len(claims_module.CLAIMS)
+    assert (REPO / "experiments" / "report.md").read_text().startswith("# ")
