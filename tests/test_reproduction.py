@@ -25,7 +25,7 @@ from poetlab.reproduction.fig3_frontier import frontier_figure, frontier_summary
 from poetlab.reproduction.fig4_runtime import runtime_comparison, runtime_figure
 from poetlab.reproduction.fig5_capuchin import capuchin_figure, capuchin_metrics, capuchin_table
 from poetlab.reproduction.report import Section, report_markdown
-from poetlab.reproduction.table2_platforms import platform_table
+from poetlab.reproduction.table2_platforms import load_table_platforms, platform_table
 from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
 from poetlab.tables import write_table
 
@@ -124,6 +124,18 @@ def test_platform_table_takes_any_platforms():
     table = platform_table([load_platform("jetsontx2"), load_platform("m0")])
     assert table.platform.tolist() == ["jetsontx2", "m0"]
     assert table.set_index("platform").compute_source.to_dict() == {"jetsontx2": "poetlab estimate", "m0": "POET release"}
+
+
+def test_platform_table_takes_the_profiled_host():
+    """The committed host profile joins Table 2 with its sources: measured compute and paging; power
+    profiled from RAPL, or marked modeled where RAPL could not be read."""
+    platforms = load_table_platforms(["a72", "host"])
+    assert [p.name for p in platforms] == ["a72", "host"]
+    host = platform_table(platforms).set_index("platform").loc["host"]
+    assert host.compute_source == "profiled" and host.paging_source == "profiled"
+    assert host.flops_per_s > 0 and host.pageout_throughput_bytes_per_s > 0
+    power = platforms[1].sources["compute_power_w"]
+    assert power.startswith("modeled") or power.startswith("profiled: RAPL")
 
 
 def test_write_table_latex(tmp_path):

@@ -18,7 +18,7 @@ from poetlab.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.graph import TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
-from poetlab.platforms import available_platforms, load_platform
+from poetlab.platforms import HOST, available_platforms, load_platform
 from poetlab.poet_solver import solve
 from poetlab.summary import summarize_graph
 
@@ -44,7 +44,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-HOST = "host"
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,9 @@ import yaml
 from poetlab._io import read_text_or_raise
 from poetlab.errors import PlatformSpecError, UnknownNameError
 
+#: The name of this machine as a platform: measured by `poetlab profile` (data/profiles), not a YAML file.
+HOST = "host"
+
 #: The unit every coefficient must declare; the loader refuses a file that says otherwise.
 COEFFICIENT_UNITS: Mapping[str, str] = MappingProxyType(
     {

@@ -169,7 +169,22 @@ class HostProfile:
             pageout_throughput_bytes_per_s=d.pageout_throughput_bytes_per_s,
             memory_power_w=d.power_w,
             compute_power_w=self.compute_power_w,
+            sources=self._sources(),
         )
+
+    def _sources(self) -> dict[str, str]:
+        """Where each coefficient comes from, in the words Table 2 prints beside it."""
+        m = self.machine
+        where = f"{m.cpu_model}, {m.torch_threads} torch threads, {m.date}"
+        compute = f"profiled: float32 matmul benchmark by `poetlab profile` on {where}"
+        paging = f"profiled: write + fsync, reads with {self.disk.cache_bypass}, least-squares fit over sizes, in {self.disk.directory}"
+        power = (
+            f"modeled (RAPL unreadable): compute {self.compute_power_w:g} W, paging {self.disk.power_w:g} W (poetlab.profile's power model)"
+            if self.energy_modeled else f"profiled: RAPL package energy counters on {where}"
+        )
+        paging_keys = ("pagein_latency_s", "pagein_throughput_bytes_per_s", "pageout_latency_s", "pageout_throughput_bytes_per_s")
+        return {"flops_per_s": compute, "flop_per_j": f"{compute}; power {power}", **dict.fromkeys(paging_keys, paging),
+                "memory_power_w": power, "compute_power_w": power}
 
     # ---- JSON ----
     def to_dict(self) -> dict[str, object]:

@@ -17,7 +17,7 @@ from poetlab.comparison import METHODS
 from poetlab.errors import InvalidArgumentError
 from poetlab.paper_models import PAPER_MODELS
 from poetlab.pipeline import PARAMS_FILE, load_params, stage_params
-from poetlab.platforms import available_platforms
+from poetlab.platforms import HOST, available_platforms
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class _Section:
 
 def _platforms_config(s: _Section) -> PlatformTableConfig:
     s.only("platforms")
-    return PlatformTableConfig(s.names("platforms", available_platforms(), "platform"))
+    return PlatformTableConfig(s.names("platforms", (*available_platforms(), HOST), "platform"))
 
 
 def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from poetlab.platforms import Platform
+from poetlab.platforms import HOST, Platform, load_platform
 
 #: The device the paper's Table 2 names for each platform of the release.
 PAPER_NAMES = {
@@ -17,10 +17,24 @@ PAPER_NAMES = {
     "a72": "Raspberry Pi 4B (Cortex-A72)",
     "a72nocache": "Raspberry Pi 4B (Cortex-A72), no write cache",
     "jetsontx2": "Jetson TX2 (Cortex-A57 CPU)",
+    HOST: "this machine (profiled)",
 }
 
 
+def load_table_platforms(names: Sequence[str]) -> list[Platform]:
+    """The platforms named, each from its YAML file, and ``host`` from its committed profile (the one of
+    ``resnet18_cifar_torch`` if present, else any host profile in ``data/profiles``)."""
+    from poetlab.profile import HostProfile, find_host_profile
+
+    return [
+        HostProfile.load(find_host_profile("resnet18_cifar_torch")).platform() if name == HOST else load_platform(name)
+        for name in names
+    ]
+
+
 def _origin(source: str) -> str:
+    if source.startswith("modeled"):
+        return "modeled"
     if source.startswith("POET release"):
         return "POET release"
     if "estimate" in source:
