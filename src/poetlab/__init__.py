@@ -13,6 +13,7 @@ from poetlab.errors import (
     PoetlabError,
     UnknownNameError,
 )
+from poetlab.execute import ExecutionError, ExecutionResult, ScheduleExecutor, execute
 from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
@@ -26,6 +27,9 @@ __version__ = "0.1.0"
 __all__ = [
     "PAPER_MODELS",
     "CostModel",
+    "ExecutionError",
+    "ExecutionResult",
+    "ScheduleExecutor",
     "GraphFileError",
     "GraphSummary",
     "InvalidArgumentError",
@@ -46,6 +50,7 @@ __all__ = [
     "available_platforms",
     "build_paper_graph",
     "checkpoint_all_schedule",
+    "execute",
     "load_platform",
     "load_platform_file",
     "simulate",

@@ -12,7 +12,8 @@ written by hand, so any traced model runs:
   tensor object (the output autograd links to, the saved copies autograd holds) stays in place.
   **page out** writes the storages' bytes to files (:mod:`poetlab.paging`), **page in** resizes them back
   and reads the bytes in, in place. **compute** of a node already computed (a recompute) reruns its fx
-  nodes on detached copies of its inputs and copies the fresh storages into the emptied ones; the same RNG
+  nodes on detached aliases of its inputs and swaps the fresh storages' memory into the emptied ones
+  (``UntypedStorage._swap_data_ptr_``: no copy, no second buffer); the same RNG
   state (saved before the node's first run, only for nodes that draw random numbers: dropout) and the
   same BatchNorm buffers (restored after the rerun) make the recomputed bytes equal the first ones.
 - **Autograd's saved tensors** go through ``torch.autograd.graph.saved_tensors_hooks``: packing records
@@ -137,6 +138,11 @@ def _bind(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
             raise ExecutionError(f"graph {graph.name!r}: fx node {exc} of {node.name!r} is not in the module's trace; trace this module again") from None
         if node.kind == "input":
             inputs.add(i)
+    params = dict(gm.named_parameters())
+    for node in graph.nodes:
+        names = meta.get("param_names", {}).get(node.name, [])  # type: ignore[union-attr]
+        if names and sum(params[q].numel() * params[q].element_size() for q in names if q in params) != node.param_bytes:
+            raise ExecutionError(f"graph {graph.name!r} was traced from a module with other parameter shapes ({node.name}); trace this module again")
     output = next(n for n in gm.graph.nodes if n.op == "output")
     return _Binding(
         members=tuple(members),
@@ -233,6 +239,7 @@ class ScheduleExecutor:
         *,
         paging_dir: str | None = None,
         prefetch: bool = False,
+        durable: bool = True,
         strict: bool = True,
     ):
         if schedule.n_nodes != graph.n_nodes:
@@ -243,6 +250,7 @@ class ScheduleExecutor:
         self.loss_fn = loss_fn
         self.paging_dir = paging_dir
         self.prefetch = prefetch
+        self.durable = durable
         self.strict = strict
         self.gm = fx.symbolic_trace(module)
         self.binding = _bind(graph, self.gm)
@@ -322,7 +330,7 @@ class _Run:
         self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.module.parameters(), *ex.module.buffers(), *_tensors(targets)]}
         self.store: PageStore | None = None
         if any(op.kind is OpKind.PAGE_OUT for op in ex.schedule.ops):
-            self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch)
+            self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
         self.cursor = 0
         self.current: int | None = None
         self.current_packs = 0
@@ -465,7 +473,7 @@ class _Run:
             self._wait(record)
         else:
             self._recompute(owner)
-        self._set_in_ram(owner, False)  # fetched for this read only; the schedule's plan stands
+        # it now counts as in RAM until the schedule's next free of it (or the end of the step)
 
     def _need(self, i: int, reader: str) -> None:
         for record in self.state[i].held:
@@ -599,8 +607,7 @@ class _Run:
             source = fresh.untyped_storage()
             if source.nbytes() != record.nbytes:
                 raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {record.nbytes}")
-            record.storage.resize_(record.nbytes)
-            record.storage.copy_(source)
+            record.storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
         del values, recorded
         self._set_in_ram(i, True)
 
@@ -652,6 +659,7 @@ def execute(
     costs: CostModel | None = None,
     paging_dir: str | None = None,
     prefetch: bool = False,
+    durable: bool = True,
     strict: bool = True,
     measure_memory: bool = True,
 ) -> ExecutionResult:
@@ -661,7 +669,7 @@ def execute(
     parameters' ``.grad`` exactly as ``loss_fn(module(inputs), targets).backward()`` would. With
     ``costs``, the result carries the simulator's prediction for the same schedule.
     """
-    executor = ScheduleExecutor(module, graph, schedule, loss_fn, paging_dir=paging_dir, prefetch=prefetch, strict=strict)
+    executor = ScheduleExecutor(module, graph, schedule, loss_fn, paging_dir=paging_dir, prefetch=prefetch, durable=durable, strict=strict)
     result = executor.step(batch[0], batch[1], measure_memory=measure_memory)
     if costs is not None:
         from dataclasses import replace

@@ -15,6 +15,7 @@ the bytes must be on disk before the RAM goes.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -44,9 +45,12 @@ class PageStore:
     """Files of paged-out storages in a private temporary directory under ``parent``.
 
     Counts ``bytes_written`` and ``bytes_read``; ``close()`` removes every file and the directory.
+    ``durable`` (the default) syncs each page-out to the disk and drops it from the page cache, as
+    :mod:`poetlab.profile` does when it measures paging, so that a page-in really reads the disk and the
+    measured time matches the profiled one; without it, page-ins are served from the page cache.
     """
 
-    def __init__(self, parent: str | os.PathLike[str] | None = None, prefetch: bool = False):
+    def __init__(self, parent: str | os.PathLike[str] | None = None, prefetch: bool = False, durable: bool = True):
         try:
             if parent is not None:
                 Path(parent).mkdir(parents=True, exist_ok=True)
@@ -56,6 +60,7 @@ class PageStore:
                 f"cannot create a paging directory under {parent or tempfile.gettempdir()}: {exc.strerror or exc}; "
                 "pass a writable --paging-dir"
             ) from None
+        self.durable = durable
         self.bytes_written = 0
         self.bytes_read = 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poetlab-pagein") if prefetch else None
@@ -74,12 +79,14 @@ class PageStore:
                 written = 0
                 while written < len(view):
                     written += handle.write(view[written:])
+                if self.durable:
+                    os.fsync(handle.fileno())
+                    if hasattr(os, "posix_fadvise"):  # so that the page-in reads the disk, not the page cache
+                        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError as exc:
-            path.unlink(missing_ok=True) if self.directory.exists() else None
-            raise PagingError(
-                f"cannot page {storage.nbytes():,} bytes out to {self.directory}: {exc.strerror or exc}; "
-                "free disk space or choose another paging directory"
-            ) from None
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)  # no half-written page left behind
+            raise self._error(exc, f"cannot page {storage.nbytes():,} bytes out to {self.directory}", "free disk space or choose another paging directory") from None
         self.bytes_written += len(view)
 
     def _read(self, key: str, storage: torch.UntypedStorage) -> None:
@@ -94,11 +101,13 @@ class PageStore:
                         raise OSError(0, f"file {path.name} is shorter than the tensor")
                     read += n
         except OSError as exc:
-            raise PagingError(
-                f"cannot page a tensor back in from {self.directory}: {exc.strerror or exc}; "
-                "the paging directory must stay in place during the step"
-            ) from None
+            raise self._error(exc, f"cannot page a tensor back in from {self.directory}", "the paging directory must stay in place during the step") from None
         self.bytes_read += len(view)
+
+    def _error(self, exc: OSError, what: str, fix: str) -> PagingError:
+        if not self.directory.is_dir():
+            return PagingError(f"{what}: the paging directory disappeared during the step; keep it in place until the step ends")
+        return PagingError(f"{what}: {exc.strerror or exc}; {fix}")
 
     def read_into(self, key: str, storage: torch.UntypedStorage) -> Future[None] | None:
         """Read the file of ``key`` into ``storage`` (already sized): now, or on the background thread
