@@ -19,12 +19,13 @@ written by hand, so any traced model runs:
 - **Autograd's saved tensors** go through ``torch.autograd.graph.saved_tensors_hooks``: packing records
   which node owns each saved storage (and detaches it, so no reference cycle forms); unpacking checks
   that the owner is in RAM as the schedule promised (waiting for a prefetched page-in if need be).
-- **The backward pass is autograd's engine**, driven by ``torch.autograd.grad``. A pre-hook on every
-  autograd node created by forward node *g* advances the schedule up to the compute of *g*'s backward
-  node, performing the frees, page-outs, page-ins and recomputes that come before it. CPU autograd runs
+- **The backward pass is autograd's engine** (``loss.backward()``). A pre-hook on the autograd node of
+  forward node *g*'s output advances the schedule up to the compute of *g*'s backward node, performing
+  the frees, page-outs, page-ins and recomputes that come before it. CPU autograd runs
   nodes in decreasing creation order, which is the reverse forward order the trace gives backward nodes.
-  Gradients are accumulated into ``.grad`` only after the whole step succeeded, so a failing step leaves
-  parameters, gradients and BatchNorm buffers as they were.
+  The caller's ``.grad`` are set aside during the step and accumulated with the new ones only after
+  the whole step succeeded, so a failing step leaves parameters, gradients and BatchNorm buffers as
+  they were.
 
 What the executor cannot honour, it counts rather than hides: gradients (backward nodes' outputs) live in
 autograd's engine, so frees, page-outs and recomputes of backward nodes are skipped (``n_skipped_ops``);
@@ -50,7 +51,7 @@ from poetlab.graph import TrainingGraph
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
 
-__all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "plain_step"]
+__all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes", "plain_step"]
 
 
 class ExecutionError(PoetlabError, RuntimeError):
@@ -61,14 +62,17 @@ class ExecutionError(PoetlabError, RuntimeError):
 class ExecutionResult:
     """One executed step. Bytes and seconds; the prediction is the simulator's for the same schedule.
 
-    ``peak_bytes`` is the allocator's peak above the memory in use when the step began (None when not
-    measured); ``planned_peak_bytes`` is the same schedule replayed by our own bookkeeping of owned
-    storages (what the step really held by the schedule's logic, without allocator transients).
+    ``total_peak_bytes`` is the allocator's peak above the memory in use when the step began, and
+    ``peak_bytes`` the same without the parameters' gradients (found by address; POET keeps them outside
+    the activation budget): activations, saved tensors, gradients of activations, workspace. Both are
+    None when not measured. ``planned_peak_bytes`` is the schedule replayed by our own bookkeeping of
+    the graph's bytes as the executor went (equal to the simulator's when every op was honoured).
     """
 
     loss: float
     wall_s: float
     peak_bytes: int | None
+    total_peak_bytes: int | None
     planned_peak_bytes: int
     bytes_written: int
     bytes_read: int
@@ -85,7 +89,7 @@ class ExecutionResult:
         row: dict[str, object] = {
             name: getattr(self, name)
             for name in (
-                "loss", "wall_s", "peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
+                "loss", "wall_s", "peak_bytes", "total_peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
                 "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops", "prefetch",
             )
         }
@@ -256,6 +260,11 @@ class ScheduleExecutor:
         self.binding = _bind(graph, self.gm)
         self.modules = dict(self.gm.named_modules())
         self.params = [p for p in module.parameters() if p.requires_grad]
+        self.constants = [*module.parameters(), *module.buffers()]  # (their storages are looked up per step)
+        self.buffers = [b for b in module.buffers() if b.numel()]
+        # whether each forward node draws random numbers (dropout), learnt on the first step: a node that
+        # does has the RNG state before it kept, to replay on a recompute
+        self.draws_rng: dict[int, bool] = {}
         self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self._group_of: dict[str, int] = {m.name: i for i, ms in enumerate(self.binding.members) for m in ms}
         # fx names whose values are read outside their group (kept for the whole step)
@@ -267,42 +276,60 @@ class ScheduleExecutor:
                 ext.add(ms[-1].name)
             self._external.append(ext)
 
+    def _set_aside_grads(self) -> None:
+        self._aside = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+
+    def _restore_grads(self, add: bool) -> None:
+        """Put the gradients set aside back: alone (after a failure) or plus this step's, as
+        ``backward`` accumulates (in place, so the bits are those of a plain accumulation)."""
+        aside, self._aside = getattr(self, "_aside", None), None
+        if aside is None:
+            return
+        with torch.no_grad():
+            for p, old in zip(self.params, aside, strict=True):
+                new = p.grad if add else None
+                if old is None:
+                    p.grad = new
+                else:
+                    if new is not None:
+                        old.add_(new)
+                    p.grad = old
+
     # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
         """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would."""
         run = _Run(self, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), targets)
-        buffers = [b.detach().clone() for b in self.module.buffers()]
+        # BatchNorm's running statistics change during the forward pass: kept to put back on failure
+        buffers = torch._foreach_mul(self.buffers, 1) if self.buffers else []
         try:
             if measure_memory:
                 with measure_allocations() as allocation:
                     start = time.perf_counter()
                     grads = run.go()
                     wall = time.perf_counter() - start
-                peak: int | None = allocation.peak_bytes
+                total_peak: int | None = allocation.peak_bytes
+                peak: int | None = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
             else:
                 start = time.perf_counter()
                 grads = run.go()
                 wall = time.perf_counter() - start
-                peak = None
+                peak = total_peak = None
         except BaseException:
             with torch.no_grad():
-                for b, saved in zip(self.module.buffers(), buffers, strict=True):
+                for b, saved in zip(self.buffers, buffers, strict=True):
                     b.copy_(saved)
+            self._restore_grads(add=False)
             raise
         finally:
             run.close()
-        with torch.no_grad():
-            for p, g in zip(self.params, grads, strict=True):
-                if g is None:
-                    continue
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad.add_(g)
+        self._restore_grads(add=True)
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
             peak_bytes=peak,
+            total_peak_bytes=total_peak,
             planned_peak_bytes=run.planned_peak,
             bytes_written=run.store.bytes_written if run.store else 0,
             bytes_read=run.store.bytes_read if run.store else 0,
@@ -327,7 +354,7 @@ class _Run:
         self.values: dict[str, object] = {}
         self.constants: dict[str, object] = {}
         self.records: dict[int, _Storage] = {}  # storage key -> record
-        self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.module.parameters(), *ex.module.buffers(), *_tensors(targets)]}
+        self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.constants, *_tensors(targets)]}
         self.store: PageStore | None = None
         if any(op.kind is OpKind.PAGE_OUT for op in ex.schedule.ops):
             self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
@@ -364,13 +391,17 @@ class _Run:
                 self.cursor += 1
         if self.loss is None:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
-        grads = torch.autograd.grad(self.loss, self.ex.params, allow_unused=True)
+        # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
+        self.ex._set_aside_grads()
+        self.loss.backward()
+        grads = [p.grad for p in self.ex.params]
         self.loss = None
         while self.cursor < len(ops):
             self._do(ops[self.cursor])
             self.cursor += 1
-        for record in self.records.values():
-            self._wait(record)
+        if self.ex.prefetch:
+            for record in self.records.values():
+                self._wait(record)
         return list(grads)
 
     def _advance_to_backward(self, j: int) -> None:
@@ -526,7 +557,8 @@ class _Run:
 
     def _first_compute(self, i: int) -> None:
         st = self.state[i]
-        rng_before = torch.get_rng_state()
+        draws = self.ex.draws_rng.get(i)  # unknown on the first step: find out
+        rng_before = torch.get_rng_state() if draws is not False else None
         self.current, self.current_packs, self.pending_own = i, 0, []
         try:
             with torch.enable_grad():
@@ -534,7 +566,9 @@ class _Run:
         finally:
             self.current = None
         st.n_packs = self.current_packs
-        if not torch.equal(rng_before, torch.get_rng_state()):
+        if draws is None:
+            draws = self.ex.draws_rng[i] = not torch.equal(rng_before, torch.get_rng_state())
+        if draws:
             st.rng_state = rng_before  # the node draws random numbers (dropout): replay them on a rerun
         self.values.update(values)
         if i == self.ex.binding.loss:
@@ -564,19 +598,18 @@ class _Run:
         self._hook_backward(i, out if i == self.ex.binding.loss else list(values.values()))
 
     def _hook_backward(self, i: int, value: object) -> None:
-        """A pre-hook on every autograd node that forward node ``i`` created, to drive the schedule."""
+        """A pre-hook on the autograd nodes of forward node ``i``'s outputs, to drive the schedule. The
+        engine runs a group's autograd nodes one after another in decreasing creation order, so the
+        output's node, created last, is the first of the group to run."""
         j = self.ex.binding.backward_of_forward.get(i)
         if j is None:
             return
         hook = lambda *_: self._advance_to_backward(j)  # noqa: E731
-        stack = [t.grad_fn for t in _tensors(value) if t.grad_fn is not None]
-        while stack:
-            fn = stack.pop()
-            if fn is None or fn in self.seen_fns or type(fn).__name__ == "AccumulateGrad":
-                continue
-            self.seen_fns.add(fn)
-            fn.register_prehook(hook)
-            stack.extend(next_fn for next_fn, _ in fn.next_functions)
+        for t in _tensors(value):
+            fn = t.grad_fn
+            if fn is not None and fn not in self.seen_fns:
+                self.seen_fns.add(fn)
+                fn.register_prehook(hook)
 
     def _recompute(self, i: int) -> None:
         """Rerun forward node ``i`` on its inputs and put the fresh bytes into its emptied storages."""
@@ -647,6 +680,20 @@ class _PendingRecord:
 
 
 # ---- the functions ---------------------------------------------------------------------------
+
+
+def memory_allowance_bytes(module: nn.Module, graph: TrainingGraph) -> int:
+    """How far an executed step's measured peak (parameter gradients left out) may exceed the simulator's,
+    and why: the simulator counts the graph's tensors, the allocator also sees each operation's transient
+    workspace. The largest is a convolution's: PyTorch's CPU convolution (and its backward) unfolds its
+    input into kernel-area copies (im2col), at most ``kernel area x`` the largest tensor of the graph; plus
+    one more tensor of that size for autograd summing two gradient contributions (a skip connection)
+    before it passes the sum on. So: ``(largest kernel area + 1) x`` the graph's largest node."""
+    kernel_area = max(
+        (math.prod(m.kernel_size) for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd)), default=1
+    )
+    return (kernel_area + 1) * int(graph.output_bytes.max())
+
 
 
 def execute(
