@@ -33,12 +33,7 @@ from poetlab.torch_models import MobileNetV2, ResNet18, build_torch_model
 from poetlab.trace import trace
 
 
-@pytest.fixture(autouse=True)
-def deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 
 def _case(name: str):

@@ -28,9 +28,16 @@ written by hand, so any traced model runs:
   they were.
 
 What the executor cannot honour, it counts rather than hides: gradients (backward nodes' outputs) live in
-autograd's engine, so frees, page-outs and recomputes of backward nodes are skipped (``n_skipped_ops``);
-the batch itself belongs to the caller and is never freed; a saved tensor the schedule did not hold when
-autograd asked for it is either an error (``strict=True``) or fetched on demand (``n_unplanned``).
+autograd's engine, which frees each after its last use as the schedule does, but page-outs, page-ins and
+recomputes of backward nodes are skipped (``n_skipped_ops``), as are frees and page-outs of the batch,
+which belongs to the caller; a saved tensor the schedule did not hold when autograd asked for it is either
+an error (``strict=True``) or fetched on demand (``n_unplanned``).
+
+Why storages and not ``torch.utils.checkpoint``: checkpointing recomputes whole regions chosen before the
+step, and its recompute happens when the backward first needs them. A POET schedule decides per tensor
+and per moment (free here, page out there, recompute this node now, from inputs that may themselves
+have been paged in), so the executor needs a handle on each tensor's memory that leaves autograd's graph
+as it is: the storage.
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ from poetlab.errors import PoetlabError
 from poetlab.graph import TrainingGraph
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
+from poetlab.trace import _tensors
 
-__all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes", "plain_step"]
+__all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes"]
 
 
 class ExecutionError(PoetlabError, RuntimeError):
@@ -156,16 +164,6 @@ def _bind(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
         loss=index[str(meta.get("loss_node", "loss"))],
         output_arg=output.args[0],
     )
-
-
-def _tensors(value: object) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
 
 
 def _detached(value: object) -> object:
@@ -723,11 +721,3 @@ def execute(
 
         result = replace(result, predicted=simulate(schedule, graph, costs))
     return result
-
-
-def plain_step(module: nn.Module, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, loss_fn: Callable[..., torch.Tensor]) -> float:
-    """One plain PyTorch step (forward, loss, ``backward``): the reference for gradients and time."""
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
-    loss = loss_fn(module(*inputs), targets)
-    loss.backward()
-    return float(loss.detach())
