@@ -1,6 +1,7 @@
 """poetlab: a reproduction kit for POET (Patil et al., ICML 2022) and its neighbours.
 
-The flow: a :class:`Platform` and a :class:`TrainingGraph` give a :class:`CostModel`; planners turn
+The flow: a :class:`Platform` (or a measured :class:`HostProfile`) and a :class:`TrainingGraph` (a paper
+layer list, or :func:`trace` of an ``nn.Module``) give a :class:`CostModel`; planners turn
 those and budgets into schedules; a simulator checks and costs every schedule.
 """
 
@@ -18,6 +19,7 @@ from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
 from poetlab.poet_solver import SolveResult, solve
+from poetlab.profile import HostProfile, PagingDirError, ProfileFileError, profile_host
 from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.summary import GraphSummary, summarize_graph
 from poetlab.trace import TraceError, trace, trace_torch_model
@@ -32,6 +34,7 @@ __all__ = [
     "ScheduleExecutor",
     "GraphFileError",
     "GraphSummary",
+    "HostProfile",
     "InvalidArgumentError",
     "InvalidScheduleError",
     "Op",
@@ -42,9 +45,11 @@ __all__ = [
     "TraceError",
     "Node",
     "OutputError",
+    "PagingDirError",
     "Platform",
     "PlatformSpecError",
     "PoetlabError",
+    "ProfileFileError",
     "TrainingGraph",
     "UnknownNameError",
     "available_platforms",
@@ -53,6 +58,7 @@ __all__ = [
     "execute",
     "load_platform",
     "load_platform_file",
+    "profile_host",
     "simulate",
     "solve",
     "summarize_graph",

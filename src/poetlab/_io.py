@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from poetlab.errors import OutputError
+from poetlab.errors import OutputError, PoetlabError
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
@@ -41,3 +41,14 @@ def write_json_atomic(path: str | os.PathLike[str], data: object) -> Path:
     import json
 
     return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_text_or_raise(path: Path, error: type[PoetlabError], missing: str, unreadable: str) -> str:
+    """The UTF-8 text of ``path``, or ``error`` with one line: ``missing`` when there is no such file,
+    ``unreadable`` (followed by the OS's reason) when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: {missing}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: {unreadable} ({exc})") from None

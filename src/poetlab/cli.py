@@ -244,7 +244,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     profile = profile_host(
         args.paging_dir, model=args.model, batch_size=args.batch_size, fuse=args.fuse, repeats=args.repeats,
         warmup=args.warmup, threads=args.threads, disk_repeats=args.disk_repeats, compute_power_w=args.compute_power_w,
-        memory_power_w=args.memory_power_w, progress=sys.stderr.isatty(),
+        memory_power_w=args.memory_power_w, progress=sys.stderr.isatty(), clock=args.clock,
     )
     output = args.output or default_profile_path(args.model, args.fuse)
     profile.save(output)
@@ -254,7 +254,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     d, m = profile.disk, profile.machine
     rows = [
         ("machine", f"{m.cpu_model}, {m.logical_cores} logical cores, torch {m.torch_version} with {m.torch_threads} threads"),
-        ("matmul rate", f"{profile.flops_per_s:.4g} flop/s"),
+        ("matmul rate", f"{profile.flops_per_s:.4g} flop/s ({profile.clock} clock)"),
         ("page-out", f"{d.pageout_latency_s * 1e3:.4g} ms + bytes / {d.pageout_throughput_bytes_per_s / 1e6:.4g} MB/s (write + fsync)"),
         ("page-in", f"{d.pagein_latency_s * 1e3:.4g} ms + bytes / {d.pagein_throughput_bytes_per_s / 1e6:.4g} MB/s ({d.cache_bypass})"),
         ("energy", f"{profile.energy_source}: compute {profile.compute_power_w:.4g} W, paging {d.power_w:.4g} W"),
@@ -330,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("--disk-repeats", type=_positive_int, default=3, help="writes and reads per size (default 3)")
     profile.add_argument("--compute-power-w", type=_positive_float, default=None, metavar="W", help="modeled compute power when RAPL is not readable (default threads x 4.375 W)")
     profile.add_argument("--memory-power-w", type=_positive_float, default=5.0, metavar="W", help="modeled paging power when RAPL is not readable (default 5 W)")
+    profile.add_argument("--clock", choices=("cpu", "wall"), default=None, help="node timing clock: cpu (thread CPU time, the default with one thread) or wall")
     profile.add_argument("--json", action="store_true", help="print the profile as JSON")
     profile.set_defaults(run=_cmd_profile)
     return parser

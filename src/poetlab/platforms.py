@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from poetlab._io import read_text_or_raise
 from poetlab.errors import PlatformSpecError, UnknownNameError
 
 #: The unit every coefficient must declare; the loader refuses a file that says otherwise.
@@ -185,12 +186,7 @@ def platform_from_mapping(spec: Any, origin: str) -> Platform:
 def load_platform_file(path: str | os.PathLike[str]) -> Platform:
     """Load and validate one platform YAML file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlatformSpecError(f"{path}: no such platform file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlatformSpecError(f"{path}: cannot read the file ({exc})") from None
+    text = read_text_or_raise(path, PlatformSpecError, "no such platform file", "cannot read the file")
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as exc:

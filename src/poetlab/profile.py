@@ -5,7 +5,9 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
 - **Nodes**: each node of a traced training graph (:mod:`poetlab.trace`) runs alone on its recorded
   inputs: a forward node's forward, a backward node's backward (its forward rerun untimed before each
   repeat), ``warmup`` runs then the median of ``repeats``, with torch's intra-op threads pinned to
-  ``threads`` (recorded). One whole plain training step (forward, loss, backward) is timed the same way,
+  ``threads`` (recorded). With one thread the clock is the thread's CPU time (``clock: cpu``): on a
+  shared machine wall time also counts the time spent waiting for a core, which inflates long runs (a
+  whole step) far more than short ones (a node) and made their ratio meaningless under load. One whole plain training step (forward, loss, backward) is timed the same way,
   so that the sum of node times can be checked against it (``step_runtime_s``).
 - **Flop rate**: a float32 matmul benchmark, so that a graph without per-node timings (a paper model, or
   another traced model) can still be costed on the host by its flops.
@@ -46,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from poetlab._io import write_text_atomic
+from poetlab._io import read_text_or_raise, write_text_atomic
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
 from poetlab.platforms import Platform
 
@@ -146,6 +148,7 @@ class HostProfile:
     warmup: int
     model: ModelProfile | None = None
     notes: tuple[str, ...] = field(default=())
+    clock: str = "wall"  # how node and step times were taken (see CLOCKS); paging is always wall time
 
     @property
     def energy_modeled(self) -> bool:
@@ -198,6 +201,7 @@ class HostProfile:
                     step_runtime_s=float(model["step_runtime_s"]), step_samples_s=tuple(model.get("step_samples_s", ())),
                 ),
                 notes=tuple(data.get("notes", ())),
+                clock=str(data.get("clock", "wall")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
@@ -210,12 +214,8 @@ class HostProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HostProfile:
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileFileError(f"{path}: no such host profile; run `poetlab profile --platform host --output {path}`") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ProfileFileError(f"{path}: cannot read the host profile ({exc})") from None
+        missing = f"no such host profile; run `poetlab profile --platform host --output {path}`"
+        text = read_text_or_raise(path, ProfileFileError, missing, "cannot read the host profile")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -276,23 +276,32 @@ class Rapl:
 # ---- timing helpers ---------------------------------------------------------------------------------
 
 
-def _median_time(run: Callable[[], None], repeats: int, warmup: int, prepare: Callable[[], object] | None = None) -> tuple[float, tuple[float, ...]]:
-    """Median wall time of ``run(prepared)`` over ``repeats`` after ``warmup`` untimed calls."""
+#: The clocks node timings can use: ``cpu`` is the calling thread's CPU time, which leaves out the time
+#: spent waiting for a core on a shared machine (with one torch thread, all the work runs on the calling
+#: thread, so it is the uncontended runtime); ``wall`` is elapsed time (needed with several threads).
+CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def _median_time(
+    run: Callable[[object], None], repeats: int, warmup: int, prepare: Callable[[], object] | None = None, clock: str = "wall"
+) -> tuple[float, tuple[float, ...]]:
+    """Median time of ``run(prepared)`` on ``clock`` over ``repeats`` after ``warmup`` untimed calls."""
+    now = CLOCKS[clock]
     samples = []
     for i in range(warmup + repeats):
         state = prepare() if prepare else None
-        start = time.perf_counter()
+        start = now()
         run(state)
-        elapsed = time.perf_counter() - start
+        elapsed = now() - start
         if i >= warmup:
             samples.append(elapsed)
     return statistics.median(samples), tuple(samples)
 
 
-def matmul_flops_per_s(threads: int, side: int = 512, repeats: int = 5) -> float:
-    """float32 matmul rate (2 n^3 flops per product) with ``threads`` torch threads."""
+def matmul_flops_per_s(threads: int, side: int = 512, repeats: int = 5, clock: str = "wall") -> float:
+    """float32 matmul rate (2 n^3 flops per product) with the current torch threads (``threads``, recorded)."""
     a, b = torch.randn(side, side), torch.randn(side, side)
-    seconds, _ = _median_time(lambda _: torch.mm(a, b), repeats, 2)
+    seconds, _ = _median_time(lambda _: torch.mm(a, b), repeats, 2, clock=clock)
     return 2.0 * side**3 / seconds
 
 
@@ -359,11 +368,19 @@ def _pagein(path: Path, buffer: mmap.mmap) -> str:
 
 
 def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
-    """(latency_s, throughput_bytes_per_s) of the least-squares line seconds = latency + size / throughput."""
-    slope, intercept = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float), 1)
+    """(latency_s, throughput_bytes_per_s) of the least-squares line seconds = latency + size / throughput,
+    both constrained non-negative (scipy's NNLS). When noise leaves no positive slope (fsync latency
+    dominating small writes), the throughput is the largest size over its time: conservative."""
+    from scipy.optimize import nnls
+
+    sizes_f = np.asarray(sizes, dtype=float)
+    times = np.asarray(seconds, dtype=float)
+    scale = sizes_f.max()
+    (latency, slope), _ = nnls(np.column_stack([np.ones_like(sizes_f), sizes_f / scale]), times)
     if slope <= 0:
-        raise PoetlabError("disk benchmark: time does not grow with size (noise?); re-run with more --disk-repeats")
-    return max(float(intercept), 0.0), float(1.0 / slope)
+        log.warning("disk benchmark: time does not grow with size; throughput from the largest size alone")
+        return float(latency) if latency < times[-1] else 0.0, float(sizes_f[-1] / times[-1])
+    return float(latency), float(scale / slope)
 
 
 def profile_disk(
@@ -435,6 +452,7 @@ def profile_model(
     rapl: Rapl | None = None,
     compute_power_w: float = MODEL_CORE_POWER_W,
     progress: bool = False,
+    clock: str = "wall",
 ):
     """(graph, ModelProfile): the traced graph and each node's measured runtime and energy, plus one whole
     step's runtime. Leaves the module's parameters, buffers and gradients as they were."""
@@ -457,9 +475,9 @@ def profile_model(
                 probe = traced.node_probe(index)
                 start = rapl.read_uj() if rapl else None
                 if node.is_backward:
-                    seconds, samples = _median_time(probe.run_backward, repeats, warmup, prepare=probe.forward)
+                    seconds, samples = _median_time(probe.run_backward, repeats, warmup, prepare=probe.forward, clock=clock)
                 else:
-                    seconds, samples = _median_time(lambda _: probe.forward(), repeats, warmup)
+                    seconds, samples = _median_time(lambda _: probe.forward(), repeats, warmup, clock=clock)
                 energy = rapl.joules_since(start) / (repeats + warmup) if rapl else seconds * compute_power_w
                 timings.append(NodeTiming(node.name, seconds, energy, samples))
 
@@ -470,7 +488,7 @@ def profile_model(
                 for p in module.parameters():
                     p.grad = None
 
-            step_s, step_samples = _median_time(step, repeats, warmup)
+            step_s, step_samples = _median_time(step, repeats, warmup, clock=clock)
     finally:
         for p, g in grads.items():
             p.grad = g
@@ -518,11 +536,16 @@ def profile_host(
     memory_power_w: float = MODEL_MEMORY_POWER_W,
     rapl_root: Path = RAPL_ROOT,
     progress: bool = False,
+    clock: str | None = None,
 ) -> HostProfile:
     """Profile this machine: disk, matmul rate, power, and (with ``model``, a name of
-    :data:`poetlab.torch_models.TORCH_MODELS`) that model's traced nodes."""
+    :data:`poetlab.torch_models.TORCH_MODELS`) that model's traced nodes. ``clock`` (see :data:`CLOCKS`)
+    defaults to ``cpu`` with one thread and ``wall`` with more; paging is always wall time."""
     if repeats < 1 or warmup < 0 or threads < 1 or disk_repeats < 1:
         raise InvalidArgumentError("repeats, threads and disk repeats must be positive and warm-up non-negative")
+    clock = clock or ("cpu" if threads == 1 else "wall")
+    if clock not in CLOCKS or (clock == "cpu" and threads > 1):
+        raise InvalidArgumentError(f"clock must be one of {', '.join(CLOCKS)} (cpu only with one thread), got {clock!r}")
     rapl = Rapl.open(rapl_root)
     notes = []
     if rapl is None:
@@ -537,7 +560,7 @@ def profile_host(
     torch.set_num_threads(threads)
     try:
         disk = profile_disk(paging_dir, disk_sizes_bytes, disk_repeats, rapl, memory_power_w)
-        flops = matmul_flops_per_s(threads)
+        flops = matmul_flops_per_s(threads, clock=clock)
         model_profile = None
         if model is not None:
             from poetlab.torch_models import build_torch_model
@@ -545,7 +568,7 @@ def profile_host(
             built = build_torch_model(model, batch_size)
             _, model_profile = profile_model(
                 built.module, built.inputs, built.loss_fn, built.targets, name=model, batch_size=batch_size,
-                fuse=fuse, repeats=repeats, warmup=warmup, rapl=rapl, compute_power_w=power, progress=progress,
+                fuse=fuse, repeats=repeats, warmup=warmup, rapl=rapl, compute_power_w=power, progress=progress, clock=clock,
             )
             if rapl is not None and model_profile.node_runtime_sum_s > 0:
                 energy = sum(n.energy_j for n in model_profile.nodes)
@@ -555,5 +578,5 @@ def profile_host(
     return HostProfile(
         machine=MachineInfo.here(threads), flops_per_s=flops, compute_power_w=power,
         energy_source="model" if rapl is None else "rapl", disk=disk, repeats=repeats, warmup=warmup,
-        model=model_profile, notes=tuple(notes),
+        model=model_profile, notes=tuple(notes), clock=clock,
     )

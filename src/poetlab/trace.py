@@ -32,6 +32,12 @@ model instead mirrors what autograd does, found by running one real training ste
 The module's parameters, buffers (BatchNorm running statistics) and the global RNG state are restored
 after tracing: tracing does not change the model.
 
+Known limits: ``FlopCounterMode`` counts matmuls, convolutions and attention only, so element-wise nodes
+(ReLU, BatchNorm, add...) have 0 flops and are free to recompute under a flop cost model (a measured host
+profile gives them their real time); an in-place operation shares its input's storage, so both nodes
+count the bytes and a saved tensor is attributed to the first of them; targets and parameters are
+constants, never graph tensors.
+
 **Contract with executors** (how to map every graph node back to fx; ``metadata`` keys):
 
 - ``metadata["source"] == "poetlab.trace"``; ``metadata["fx_code"]`` is the fx GraphModule's code,

@@ -1,0 +1,172 @@
+"""The host profile: real files, real timings, real torch; and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from poetlab import CostModel, InvalidArgumentError, TrainingGraph, checkpoint_all_schedule, simulate, trace
+from poetlab.poet_solver import min_footprint_bytes
+from poetlab.profile import (
+    HostProfile,
+    PagingDirError,
+    ProfileFileError,
+    check_paging_dir,
+    profile_disk,
+    profile_host,
+    profile_model,
+)
+
+SMALL_SIZES = (1 << 16, 1 << 18, 1 << 20)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.relu, self.lin2 = nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.relu(self.lin1(x))
+        return self.lin2(h) + h[:, :4]
+
+
+@pytest.fixture(scope="module")
+def host_profile(tmp_path_factory) -> HostProfile:
+    return profile_host(tmp_path_factory.mktemp("paging"), model="bert_small_torch", repeats=1, warmup=0, disk_sizes_bytes=SMALL_SIZES, disk_repeats=1)
+
+
+def test_disk_profile_reads_back_what_it_wrote(tmp_path):
+    disk = profile_disk(tmp_path, SMALL_SIZES, repeats=1)
+    assert disk.sizes_bytes == SMALL_SIZES and len(disk.pageout_s) == len(disk.pagein_s) == 3
+    assert disk.pageout_throughput_bytes_per_s > 0 and disk.pagein_throughput_bytes_per_s > 0
+    assert disk.pageout_latency_s >= 0 and disk.pagein_latency_s >= 0
+    assert disk.cache_bypass and disk.energy_source in ("rapl", "model")
+    assert list(tmp_path.iterdir()) == []  # the benchmark file is removed
+
+
+def test_profile_round_trip_and_costs(host_profile, tmp_path):
+    path = host_profile.save(tmp_path / "host.json")
+    loaded = HostProfile.load(path)
+    assert loaded == host_profile
+    assert loaded.machine.torch_version == torch.__version__ and loaded.machine.torch_threads == 1
+    assert loaded.energy_modeled == (loaded.energy_source == "model")
+    assert loaded.clock == "cpu"  # one thread: the thread's CPU time, immune to waiting for a shared core
+    model = loaded.model
+    from poetlab import trace_torch_model
+
+    graph = trace_torch_model("bert_small_torch")
+    assert [n.name for n in model.nodes] == [n.name for n in graph.nodes]
+    assert all(n.runtime_s > 0 for n, g in zip(model.nodes, graph.nodes) if g.kind != "input")
+    costs = CostModel.from_profile(graph, loaded)
+    assert costs.runtime_s.sum() == pytest.approx(model.node_runtime_sum_s)
+    assert np.all(costs.pageout_time_s > 0) and costs.platform == "host"
+    by_flops = CostModel.from_flops(trace_torch_model("bert_small_torch", fuse=True), loaded.platform())
+    assert by_flops.runtime_s.sum() > 0
+    with pytest.raises(InvalidArgumentError, match="run `poetlab profile --platform host --model"):
+        CostModel.from_profile(trace_torch_model("bert_small_torch", fuse=True), loaded)
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"format": "other"}', "not a poetlab host profile"),
+        ('{"format": "poetlab.HostProfile", "version": 1}', "missing field"),
+        ('{"format": "poetlab.HostProfile", "version": 99}', "version 99 is not supported"),
+    ],
+)
+def test_corrupt_profile_is_one_line(tmp_path, text, match):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ProfileFileError, match=match) as info:
+        HostProfile.load(path)
+    assert "\n" not in str(info.value)
+
+
+def test_profile_with_negative_numbers_is_refused(host_profile, tmp_path):
+    data = host_profile.to_dict()
+    data["flops_per_s"] = -1.0
+    path = tmp_path / "neg.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileFileError, match="must be positive"):
+        HostProfile.load(path)
+    with pytest.raises(ProfileFileError, match="no such host profile"):
+        HostProfile.load(tmp_path / "missing.json")
+
+
+def test_profile_model_times_every_node_and_leaves_the_module(tmp_path):
+    torch.manual_seed(0)
+    module = Tiny()
+    x, y = torch.randn(8, 16), torch.randint(4, (8,))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    graph, timed = profile_model(module, x, nn.CrossEntropyLoss(), y, name="tiny", batch_size=8, repeats=2, warmup=1)
+    assert graph == trace(module, x, nn.CrossEntropyLoss(), y, name="tiny")
+    assert [n.name for n in timed.nodes] == [n.name for n in graph.nodes]
+    assert all(len(n.samples_s) == 2 for n, g in zip(timed.nodes, graph.nodes) if g.kind != "input")
+    assert timed.step_runtime_s > 0
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert all(p.grad is None for p in module.parameters())
+
+
+def test_paging_dir_errors(tmp_path, monkeypatch):
+    with pytest.raises(PagingDirError, match="does not exist"):
+        check_paging_dir(tmp_path / "nope", 1)
+    with pytest.raises(PagingDirError, match="is not writable"):
+        check_paging_dir("/proc", 1)
+    import poetlab.profile as profile_module
+
+    monkeypatch.setattr(profile_module.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
+    with pytest.raises(PagingDirError, match="has 1,000 bytes free, the disk benchmark needs"):
+        profile_disk(tmp_path, SMALL_SIZES)
+
+
+@pytest.mark.slow
+def test_cli_profile_then_solve_on_host(run_cli, tmp_path):
+    out = tmp_path / "host.json"
+    result = run_cli("profile", "--platform", "host", "--model", "bert_small_torch", "--paging-dir", str(tmp_path),
+                     "--output", str(out), "--repeats", "1", "--warmup", "0", "--disk-repeats", "1")
+    assert result.returncode == 0, result.stderr
+    assert "step time" in result.stdout and "ratio" in result.stdout
+    graph = run_cli("graph", "--model", "bert_small_torch", "--platform", "host", "--profile", str(out), "--json", "--output", str(tmp_path / "g.json"))
+    assert graph.returncode == 0, graph.stderr
+    summary = json.loads(graph.stdout)
+    assert summary["platform"] == "host" and summary["n_nodes"] == 17
+    training = TrainingGraph.load(tmp_path / "g.json")
+    footprint, _ = min_footprint_bytes(training)
+    plain_peak = simulate(checkpoint_all_schedule(training), training, CostModel.from_profile(training, HostProfile.load(out))).peak_ram_bytes
+    assert footprint < plain_peak
+    budget = str((footprint + plain_peak) // 2)  # below checkpoint-all: needs remat or paging
+    solved = run_cli("solve", "--model", "bert_small_torch", "--platform", "host", "--profile", str(out),
+                     "--ram-budget", budget, "--time-limit", "20", "--json")
+    assert solved.returncode == 0, solved.stderr
+    answer = json.loads(solved.stdout)
+    assert answer["peak_ram_bytes"] <= int(budget) and answer["n_recomputes"] + answer["n_pageouts"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (("profile", "--platform", "a72"), "only the host platform can be profiled"),
+        (("profile", "--paging-dir", "/nonexistent-dir"), "paging directory /nonexistent-dir does not exist"),
+        (("profile", "--model", "resnet18_cifar"), "unknown torch model 'resnet18_cifar'"),
+        (("graph", "--model", "linear", "--platform", "m0", "--fuse"), "--fuse applies to traced torch models"),
+        (("solve", "--model", "bert_small_torch", "--platform", "host", "--profile", "/nonexistent.json", "--ram-budget", "1e6"), "no such host profile"),
+    ],
+)
+def test_cli_errors_are_one_line(run_cli, args, expected):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert expected in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_cli_graph_of_a_traced_model_on_a_paper_platform(run_cli):
+    plain = run_cli("graph", "--model", "bert_small_torch", "--platform", "a72", "--json")
+    fused = run_cli("graph", "--model", "bert_small_torch", "--platform", "a72", "--json", "--fuse")
+    assert plain.returncode == 0 and fused.returncode == 0, plain.stderr + fused.stderr
+    assert json.loads(fused.stdout)["n_nodes"] < json.loads(plain.stdout)["n_nodes"]
+    models = run_cli("models")
+    assert "resnet18_cifar_torch" in models.stdout and "traced" in models.stdout
