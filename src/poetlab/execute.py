@@ -75,10 +75,19 @@ class ExecutionResult:
     the activation budget): activations, saved tensors, gradients of activations, workspace. Both are
     None when not measured. ``planned_peak_bytes`` is the schedule replayed by our own bookkeeping of
     the graph's bytes as the executor went (equal to the simulator's when every op was honoured).
+
+    ``wall_s`` is the step's wall time; ``cpu_s`` its CPU time on the calling thread (autograd's CPU
+    engine runs there too), which other processes' load does not inflate; ``paging_wall_s`` and
+    ``paging_cpu_s`` the wall and CPU time spent in page-outs and synchronous page-ins. Waiting for the
+    disk is not CPU time, so :attr:`runtime_s` (CPU time outside paging + paging wall time) is the
+    number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.profile`).
     """
 
     loss: float
     wall_s: float
+    cpu_s: float
+    paging_wall_s: float
+    paging_cpu_s: float
     peak_bytes: int | None
     total_peak_bytes: int | None
     planned_peak_bytes: int
@@ -93,11 +102,15 @@ class ExecutionResult:
     prefetch: bool
     predicted: SimulationResult | None = None
 
+    @property
+    def runtime_s(self) -> float:
+        return self.cpu_s - self.paging_cpu_s + self.paging_wall_s
+
     def to_dict(self) -> dict[str, object]:
         row: dict[str, object] = {
             name: getattr(self, name)
             for name in (
-                "loss", "wall_s", "peak_bytes", "total_peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
+                "loss", "wall_s", "cpu_s", "paging_wall_s", "paging_cpu_s", "runtime_s", "peak_bytes", "total_peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
                 "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops", "prefetch",
             )
         }
@@ -302,6 +315,7 @@ class ScheduleExecutor:
         # BatchNorm's running statistics change during the forward pass: kept to put back on failure
         buffers = torch._foreach_mul(self.buffers, 1) if self.buffers else []
         try:
+            cpu_start = time.thread_time()
             if measure_memory:
                 with measure_allocations() as allocation:
                     start = time.perf_counter()
@@ -314,6 +328,7 @@ class ScheduleExecutor:
                 grads = run.go()
                 wall = time.perf_counter() - start
                 peak = total_peak = None
+            cpu = time.thread_time() - cpu_start
         except BaseException:
             with torch.no_grad():
                 for b, saved in zip(self.buffers, buffers, strict=True):
@@ -326,6 +341,9 @@ class ScheduleExecutor:
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
+            cpu_s=cpu,
+            paging_wall_s=run.store.wall_s if run.store else 0.0,
+            paging_cpu_s=run.store.cpu_s if run.store else 0.0,
             peak_bytes=peak,
             total_peak_bytes=total_peak,
             planned_peak_bytes=run.planned_peak,
@@ -487,6 +505,8 @@ class _Run:
     def _ensure(self, record: _Storage, reader: str) -> None:
         """``record``'s bytes must be in RAM now: they are (possibly once a prefetch lands), or the
         schedule did not keep them and we fail (strict) or fetch them (counted as unplanned)."""
+        if record.pending is None and record.refs > 0:
+            return  # held by a node in RAM, no read in flight: materialized (the fast path)
         self._wait(record)
         if record.materialized:
             return

@@ -20,6 +20,7 @@ import ctypes
 import os
 import shutil
 import tempfile
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -63,6 +64,8 @@ class PageStore:
         self.durable = durable
         self.bytes_written = 0
         self.bytes_read = 0
+        self.wall_s = 0.0  # in page-outs and synchronous page-ins (not in prefetching reads)
+        self.cpu_s = 0.0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poetlab-pagein") if prefetch else None
         self._closed = False
 
@@ -71,6 +74,14 @@ class PageStore:
 
     def write(self, key: str, storage: torch.UntypedStorage) -> None:
         """Write ``storage``'s bytes to the file of ``key`` (replacing an older copy)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._write(key, storage)
+        finally:
+            self.wall_s += time.perf_counter() - wall
+            self.cpu_s += time.thread_time() - cpu
+
+    def _write(self, key: str, storage: torch.UntypedStorage) -> None:
         path = self.path(key)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -113,7 +124,12 @@ class PageStore:
         """Read the file of ``key`` into ``storage`` (already sized): now, or on the background thread
         when prefetching (the returned future is done when the bytes are in)."""
         if self._pool is None:
-            self._read(key, storage)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                self._read(key, storage)
+            finally:
+                self.wall_s += time.perf_counter() - wall
+                self.cpu_s += time.thread_time() - cpu
             return None
         return self._pool.submit(self._read, key, storage)
 
