@@ -74,55 +74,6 @@ class TrainingComparison:
         }
 
 
-def _pass(
-    module: nn.Module,
-    graph: TrainingGraph,
-    schedule: Schedule,
-    loss_fn: Callable[..., torch.Tensor],
-    batches: Sequence[Batch],
-    make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
-    measure: bool,
-    progress: bool,
-    **options: object,
-):
-    from tqdm.auto import tqdm
-
-    plain, scheduled = copy.deepcopy(module), copy.deepcopy(module)
-    plain_opt, scheduled_opt = make_optimizer(plain.parameters()), make_optimizer(scheduled.parameters())
-    executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)  # type: ignore[arg-type]
-    rows = []
-    last = None
-    for inputs, targets in tqdm(batches, desc="training (plain and scheduled)", disable=not progress, leave=False):
-        rng = torch.get_rng_state()
-        plain_opt.zero_grad(set_to_none=True)
-        if measure:
-            with measure_allocations() as allocation:
-                loss = loss_fn(plain(inputs), targets)
-                loss.backward()
-            plain_peak = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
-            plain_s = 0.0
-        else:
-            start = time.perf_counter()
-            loss = loss_fn(plain(inputs), targets)
-            loss.backward()
-            plain_s, plain_peak = time.perf_counter() - start, 0
-        plain_loss = float(loss.detach())
-        del loss
-        plain_opt.step()
-        rng_after = torch.get_rng_state()
-        torch.set_rng_state(rng)
-        scheduled_opt.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        last = executor.step(inputs, targets, measure_memory=measure)
-        scheduled_s = time.perf_counter() - start
-        scheduled_opt.step()
-        if not torch.equal(torch.get_rng_state(), rng_after):
-            raise AssertionError("the scheduled step drew other random numbers than the plain step")
-        rows.append((plain_loss, last.loss, plain_s, scheduled_s, plain_peak, last.peak_bytes or 0))
-    same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), scheduled.state_dict().values(), strict=True))
-    return rows, same, last
-
-
 def compare_training(
     module: nn.Module,
     graph: TrainingGraph,
@@ -136,10 +87,49 @@ def compare_training(
 ) -> TrainingComparison:
     """Train copies of ``module`` plainly and under ``schedule`` on ``batches``; ``module`` is left as is.
     ``options`` go to :class:`ScheduleExecutor` (``prefetch``, ``paging_dir``, ...)."""
+    from tqdm.auto import tqdm
+
+    def run(measure: bool):
+        """One pass over the batches, plain then scheduled per batch, from fresh copies."""
+        plain, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+        plain_opt, scheduled_opt = make_optimizer(plain.parameters()), make_optimizer(scheduled.parameters())
+        executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)  # type: ignore[arg-type]
+        rows = []
+        last = None
+        for inputs, targets in tqdm(batches, desc="training (plain and scheduled)", disable=not progress, leave=False):
+            rng = torch.get_rng_state()
+            plain_opt.zero_grad(set_to_none=True)
+            if measure:
+                with measure_allocations() as allocation:
+                    loss = loss_fn(plain(inputs), targets)
+                    loss.backward()
+                plain_peak = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
+                plain_s = 0.0
+            else:
+                start = time.perf_counter()
+                loss = loss_fn(plain(inputs), targets)
+                loss.backward()
+                plain_s, plain_peak = time.perf_counter() - start, 0
+            plain_loss = float(loss.detach())
+            del loss
+            plain_opt.step()
+            rng_after = torch.get_rng_state()
+            torch.set_rng_state(rng)
+            scheduled_opt.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            last = executor.step(inputs, targets, measure_memory=measure)
+            scheduled_s = time.perf_counter() - start
+            scheduled_opt.step()
+            if not torch.equal(torch.get_rng_state(), rng_after):
+                raise AssertionError("the scheduled step drew other random numbers than the plain step")
+            rows.append((plain_loss, last.loss, plain_s, scheduled_s, plain_peak, last.peak_bytes or 0))
+        same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), scheduled.state_dict().values(), strict=True))
+        return rows, same, last
+
     state = torch.get_rng_state()
-    timed, same_timed, last = _pass(module, graph, schedule, loss_fn, batches, make_optimizer, False, progress, **options)
+    timed, same_timed, last = run(measure=False)
     torch.set_rng_state(state)
-    measured, same_measured, _ = _pass(module, graph, schedule, loss_fn, batches, make_optimizer, True, progress, **options)
+    measured, same_measured, _ = run(measure=True)
     losses_agree = [r[:2] for r in timed] == [r[:2] for r in measured]
     return TrainingComparison(
         plain_losses=tuple(r[0] for r in timed),

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,14 +73,18 @@ class PageStore:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.bin"
 
-    def write(self, key: str, storage: torch.UntypedStorage) -> None:
-        """Write ``storage``'s bytes to the file of ``key`` (replacing an older copy)."""
+    def _timed(self, io: Callable[[str, torch.UntypedStorage], None], key: str, storage: torch.UntypedStorage) -> None:
+        """Run ``io`` on this thread, adding its wall and CPU time to the store's."""
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
-            self._write(key, storage)
+            io(key, storage)
         finally:
             self.wall_s += time.perf_counter() - wall
             self.cpu_s += time.thread_time() - cpu
+
+    def write(self, key: str, storage: torch.UntypedStorage) -> None:
+        """Write ``storage``'s bytes to the file of ``key`` (replacing an older copy)."""
+        self._timed(self._write, key, storage)
 
     def _write(self, key: str, storage: torch.UntypedStorage) -> None:
         path = self.path(key)
@@ -124,12 +129,7 @@ class PageStore:
         """Read the file of ``key`` into ``storage`` (already sized): now, or on the background thread
         when prefetching (the returned future is done when the bytes are in)."""
         if self._pool is None:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            try:
-                self._read(key, storage)
-            finally:
-                self.wall_s += time.perf_counter() - wall
-                self.cpu_s += time.thread_time() - cpu
+            self._timed(self._read, key, storage)
             return None
         return self._pool.submit(self._read, key, storage)
 
