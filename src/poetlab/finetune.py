@@ -35,7 +35,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class TrainingComparison:
     """Per-step losses, wall times (s) and allocator peaks (bytes above the step's start, parameter
     gradients left out) of the plain and the scheduled run; ``identical`` when losses and final
-    parameters agree bit for bit."""
+    parameters agree bit for bit. ``plain_cpu_s`` is the plain step's thread CPU time and
+    ``scheduled_runtime_s`` the scheduled step's CPU time plus its paging wall time
+    (:attr:`ExecutionResult.runtime_s`): the load-robust pair, comparable with the simulator's runtime."""
 
     plain_losses: tuple[float, ...]
     scheduled_losses: tuple[float, ...]
@@ -43,6 +45,8 @@ class TrainingComparison:
     scheduled_wall_s: tuple[float, ...]
     plain_peak_bytes: tuple[int, ...]
     scheduled_peak_bytes: tuple[int, ...]
+    plain_cpu_s: tuple[float, ...]
+    scheduled_runtime_s: tuple[float, ...]
     identical: bool
     n_recomputes: int
     n_pageouts: int
@@ -65,6 +69,8 @@ class TrainingComparison:
             "plain_peak_bytes": list(self.plain_peak_bytes),
             "scheduled_peak_bytes": list(self.scheduled_peak_bytes),
             "median_plain_wall_s": statistics.median(self.plain_wall_s),
+            "median_plain_cpu_s": statistics.median(self.plain_cpu_s),
+            "median_scheduled_runtime_s": statistics.median(self.scheduled_runtime_s),
             "median_scheduled_wall_s": statistics.median(self.scheduled_wall_s),
             "overhead": self.overhead,
             "n_recomputes_per_step": self.n_recomputes,
@@ -104,12 +110,12 @@ def compare_training(
                     loss = loss_fn(plain(inputs), targets)
                     loss.backward()
                 plain_peak = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
-                plain_s = 0.0
+                plain_s = plain_cpu_s = 0.0
             else:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.thread_time()
                 loss = loss_fn(plain(inputs), targets)
                 loss.backward()
-                plain_s, plain_peak = time.perf_counter() - start, 0
+                plain_s, plain_cpu_s, plain_peak = time.perf_counter() - start, time.thread_time() - cpu, 0
             plain_loss = float(loss.detach())
             del loss
             plain_opt.step()
@@ -122,7 +128,7 @@ def compare_training(
             scheduled_opt.step()
             if not torch.equal(torch.get_rng_state(), rng_after):
                 raise AssertionError("the scheduled step drew other random numbers than the plain step")
-            rows.append((plain_loss, last.loss, plain_s, scheduled_s, plain_peak, last.peak_bytes or 0))
+            rows.append((plain_loss, last.loss, plain_s, scheduled_s, plain_peak, last.peak_bytes or 0, plain_cpu_s, last.runtime_s))
         same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), scheduled.state_dict().values(), strict=True))
         return rows, same, last
 
@@ -138,6 +144,8 @@ def compare_training(
         scheduled_wall_s=tuple(r[3] for r in timed),
         plain_peak_bytes=tuple(r[4] for r in measured),
         scheduled_peak_bytes=tuple(r[5] for r in measured),
+        plain_cpu_s=tuple(r[6] for r in timed),
+        scheduled_runtime_s=tuple(r[7] for r in timed),
         identical=same_timed and same_measured and losses_agree and all(r[0] == r[1] for r in timed),
         n_recomputes=last.n_recomputes if last else 0,
         n_pageouts=last.n_pageouts if last else 0,
