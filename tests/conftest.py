@@ -20,3 +20,14 @@ def run_cli():
         )
 
     return run
+
+
+@pytest.fixture
+def deterministic_torch():
+    """``torch.use_deterministic_algorithms(True)`` for one test (bitwise gradient comparisons)."""
+    import torch
+
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(previous)

@@ -14,6 +14,7 @@ from poetlab.errors import (
     PoetlabError,
     UnknownNameError,
 )
+from poetlab.execute import ExecutionError, ExecutionResult, ScheduleExecutor, execute
 from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
@@ -48,6 +49,9 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "PAPER_MODELS",
     "CostModel",
+    "ExecutionError",
+    "ExecutionResult",
+    "ScheduleExecutor",
     "GraphFileError",
     "GraphSummary",
     "HostProfile",
@@ -71,6 +75,7 @@ __all__ = [
     "available_platforms",
     "build_paper_graph",
     "checkpoint_all_schedule",
+    "execute",
     "load_platform",
     "load_platform_file",
     "profile_host",

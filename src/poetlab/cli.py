@@ -157,6 +157,53 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0 if result.schedule is not None else EXIT_NO_SCHEDULE
 
 
+def _cmd_execute(args: argparse.Namespace) -> int:
+    import statistics
+
+    import torch
+
+    from poetlab.finetune import compare_training
+    from poetlab.torch_models import TORCH_MODELS, build_torch_model
+
+    if args.model not in TORCH_MODELS:
+        raise InvalidArgumentError(f"only traced torch models can be executed, not {args.model!r}; valid: {', '.join(TORCH_MODELS)}")
+    graph, costs = _graph_and_costs(args)
+    result = solve(graph, costs, args.ram_budget, time_limit_s=args.time_limit)
+    if result.schedule is None:
+        print(f"{result.status}: {result.message}")
+        return EXIT_NO_SCHEDULE
+    model = build_torch_model(args.model, args.batch_size)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        comparison = compare_training(
+            model.module, graph, result.schedule, model.loss_fn, [(model.inputs, model.targets)] * args.steps,
+            lambda params: torch.optim.SGD(params, lr=args.lr), progress=sys.stderr.isatty(),
+            prefetch=args.prefetch, paging_dir=args.paging_dir,
+        )
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    row = {
+        "model": args.model, "platform": costs.platform, "batch_size": args.batch_size, "ram_budget_bytes": args.ram_budget,
+        "solver_status": result.status, "predicted_peak_bytes": result.peak_ram_bytes, "predicted_runtime_s": result.runtime_s,
+        "measured_peak_bytes": max(comparison.scheduled_peak_bytes), "plain_peak_bytes": max(comparison.plain_peak_bytes),
+        "param_bytes": sum(p.numel() * p.element_size() for p in model.module.parameters()),
+        **{k: v for k, v in comparison.to_dict().items() if not isinstance(v, list)},
+    }
+    if args.json:
+        print(json.dumps(row, indent=2))
+    else:
+        print(
+            f"{args.model} on {costs.platform}, {args.steps} steps under {int(args.ram_budget):,} bytes ({result.status} schedule: "
+            f"{comparison.n_recomputes} recomputes, {comparison.n_pageouts} page-outs per step): losses and parameters "
+            f"{'identical to plain PyTorch' if comparison.identical else 'DIFFER from plain PyTorch'}; peak without parameter gradients "
+            f"{row['measured_peak_bytes']:,} bytes measured (plain PyTorch {row['plain_peak_bytes']:,}; simulator {result.peak_ram_bytes:,}); "
+            f"step {statistics.median(comparison.scheduled_runtime_s) * 1e3:.4g} ms CPU + paging (plain {statistics.median(comparison.plain_cpu_s) * 1e3:.4g} ms CPU, "
+            f"simulator {result.runtime_s * 1e3:.4g} ms; wall {statistics.median(comparison.scheduled_wall_s) * 1e3:.4g} ms, plain {statistics.median(comparison.plain_wall_s) * 1e3:.4g} ms)"
+        )
+    return 0 if comparison.identical else EXIT_NO_SCHEDULE
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -250,6 +297,17 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--plot", default=None, metavar="FILE", help="draw R, S_RAM, S_SSD and the memory trace to FILE (.png, .pdf, .svg)")
     solve.set_defaults(run=_cmd_solve)
+
+    execute = commands.add_parser("execute", help="plan a traced torch model at a RAM budget and run it for real, beside plain PyTorch")
+    _add_model_args(execute)
+    execute.add_argument("--ram-budget", type=_positive_float, required=True, metavar="BYTES", help="RAM budget in bytes (activations; parameters and gradients outside)")
+    execute.add_argument("--steps", type=_positive_int, default=1, help="SGD steps on the model's example batch (default 1)")
+    execute.add_argument("--lr", type=_positive_float, default=0.01, help="SGD learning rate (default 0.01)")
+    execute.add_argument("--time-limit", type=_positive_float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
+    execute.add_argument("--prefetch", action="store_true", help="page tensors in on a background thread, ahead of use")
+    execute.add_argument("--paging-dir", default=None, metavar="DIR", help="where the private paging directory is made (default: the system's temporary directory)")
+    execute.add_argument("--json", action="store_true", help="print one JSON object")
+    execute.set_defaults(run=_cmd_execute)
 
     platforms = commands.add_parser("platforms", help="list the platforms")
     platforms.add_argument("--platform-dir", default=None, help="directory of platform YAML files")

@@ -93,3 +93,37 @@ def comparison_figure(table: pd.DataFrame) -> plt.Figure:
     for ax in grid.axes.flat:
         ax.set_yscale("symlog", linthresh=1.0)
     return grid.figure
+
+
+def training_figure(
+    plain_losses: list[float] | tuple[float, ...],
+    scheduled_losses: list[float] | tuple[float, ...],
+    scheduled_peak_bytes: list[int] | tuple[int, ...],
+    plain_peak_bytes: list[int] | tuple[int, ...],
+    predicted_peak_bytes: int | None = None,
+    title: str = "",
+) -> plt.Figure:
+    """Loss per step of a plain and a scheduled run on one axis (identical curves overlap: the scheduled
+    one is drawn dashed on top), and the allocator's peak per step of both beside the simulator's."""
+    sns.set_theme(**STYLE)
+    steps = np.arange(1, len(plain_losses) + 1)
+    losses = pd.concat([
+        pd.DataFrame({"step": steps, "loss": plain_losses, "run": "plain PyTorch"}),
+        pd.DataFrame({"step": steps, "loss": scheduled_losses, "run": "POET schedule (executed)"}),
+    ])
+    fig, (ax_loss, ax_mem) = plt.subplots(1, 2, figsize=(11, 3.8))
+    sns.lineplot(data=losses, x="step", y="loss", hue="run", style="run", dashes=[(1, 0), (4, 3)], ax=ax_loss, lw=1.2)
+    ax_loss.set_title("training loss")
+    ax_mem.plot(steps, np.asarray(plain_peak_bytes) / 1e6, lw=1, label="plain PyTorch (measured)")
+    ax_mem.plot(steps, np.asarray(scheduled_peak_bytes) / 1e6, lw=1, label="POET schedule (measured)")
+    if predicted_peak_bytes is not None:
+        ax_mem.axhline(predicted_peak_bytes / 1e6, color="crimson", ls="--", lw=1, label="simulator: activations")
+    ax_mem.set_xlabel("step")
+    ax_mem.set_ylabel("peak MB above step start")
+    ax_mem.set_ylim(bottom=0)
+    ax_mem.set_title("allocator peak per step")
+    ax_mem.legend(loc="lower right", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

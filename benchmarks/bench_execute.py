@@ -1,0 +1,226 @@
+"""Executed schedules vs the simulator: peak memory and time, per model and budget, on this host.
+
+    PYTHONPATH=src python benchmarks/bench_execute.py [--models M ...] [--repeats 5] [--out FILE]
+
+For each traced model (fused graphs, real sizes: ResNet-18 CIFAR, MobileNetV2 x0.35 at 128x128, the
+small encoder) the host is profiled first (``poetlab.profile.profile_host``: per-node times, paging to
+real files with fsync, one thread), which gives the cost model of the simulator's time prediction. POET's
+MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
+recompute, no paging) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
+steps on a copy of the same model:
+
+- ``grads_equal``: the first executed step's parameter gradients equal the plain step's, bit for bit;
+- ``measured_peak_bytes``: the allocator's peak (profiler memory events) of one more step, beside the
+  simulator's ``predicted_peak_bytes`` and the allowance (``memory_allowance_bytes``: one operation's workspace);
+  parameter gradients are left out of the measured peak by address (``measured_total_peak_bytes`` has
+  them), as POET keeps them outside the activation budget;
+- time: the profile's node times are thread CPU times (other processes' load does not inflate them), so
+  the executed step is measured the same way: ``median_runtime_s`` = CPU time outside paging + the wall
+  time of the page-outs and page-ins (waiting for the disk is not CPU time), against
+  ``predicted_runtime_s`` (the simulator: profiled node times + the profile's disk fit). CPU time of the
+  checkpoint-all schedule against a plain step's (``cpu_time_vs_plain`` at budget 1.0) is the executor's
+  own overhead; wall-clock figures are kept beside (``median_wall_s``, ``time_vs_plain``), noisy on a
+  shared machine. Profiled node times run alone need not add up to a whole step
+  (``profiled_node_sum_s`` vs ``profiled_plain_step_s``); ``calibrated_predicted_runtime_s`` scales the
+  prediction by that ratio.
+
+Writes experiments/benchmarks/execute.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform as host
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+import poetlab
+from poetlab._io import write_json_atomic
+from poetlab.allocations import measure_allocations
+from poetlab.execute import ScheduleExecutor, memory_allowance_bytes
+from poetlab.profile import profile_host
+from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.torch_models import build_torch_model
+from poetlab.trace import trace
+
+# (model, batch size, budget fractions of checkpoint-all's peak)
+CASES = [
+    ("resnet18_cifar_torch", 4, (1.0, 0.7, 0.5)),
+    ("mobilenetv2_torch", 2, (1.0, 0.7, 0.5)),
+    ("bert_small_torch", 8, (1.0, 0.985)),
+]
+OUT = Path(__file__).resolve().parents[1] / "experiments" / "benchmarks" / "execute.json"
+
+
+def _plain(module, inputs, targets, loss_fn) -> tuple[float, float]:
+    """(wall, thread CPU) seconds of one plain step."""
+    start, cpu = time.perf_counter(), time.thread_time()
+    loss_fn(module(inputs), targets).backward()
+    return time.perf_counter() - start, time.thread_time() - cpu
+
+
+def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
+    profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=3, threads=1)
+    model = build_torch_model(name, batch_size)
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
+    costs = poetlab.CostModel.from_profile(graph, profile)
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    param_bytes = sum(p.numel() * p.element_size() for p in model.module.parameters())
+    rows = []
+    for fraction in fractions:
+        budget = fraction * full
+        if fraction >= 1.0:
+            schedule, status = checkpoint_all_schedule(graph), "checkpoint_all"
+        else:
+            solved = poetlab.solve(graph, costs, budget, time_limit_s=time_limit_s)
+            if solved.schedule is None:
+                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": solved.status, "message": solved.message})
+                continue
+            schedule, status = solved.schedule, solved.status
+        predicted = simulate(schedule, graph, costs)
+        plain = copy.deepcopy(model.module)
+        scheduled = copy.deepcopy(model.module)
+        executor = ScheduleExecutor(scheduled, graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        # the first step of each: gradients compared bit for bit (same RNG state for dropout)
+        rng = torch.get_rng_state()
+        _plain(plain, model.inputs, model.targets, model.loss_fn)
+        torch.set_rng_state(rng)
+        first = executor.step(model.inputs, model.targets)
+        grads_equal = all(
+            (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), scheduled.parameters(), strict=True)
+        )
+        prefetching = None
+        if predicted.n_pageins:
+            prefetching = ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
+            prefetching.step(model.inputs, model.targets)
+        plain_s, exec_s, prefetch_s, plain_cpu_s, exec_cpu_s, exec_runtime_s = [], [], [], [], [], []
+        for _ in range(repeats):  # interleaved, so that load from other processes hits all alike
+            for m in (plain, scheduled, *([prefetching.module] if prefetching else [])):
+                for p in m.parameters():
+                    p.grad = None
+            wall, cpu = _plain(plain, model.inputs, model.targets, model.loss_fn)
+            plain_s.append(wall)
+            plain_cpu_s.append(cpu)
+            start = time.perf_counter()
+            stepped = executor.step(model.inputs, model.targets)
+            exec_s.append(time.perf_counter() - start)
+            exec_cpu_s.append(stepped.cpu_s)
+            exec_runtime_s.append(stepped.runtime_s)
+            if prefetching is not None:
+                start = time.perf_counter()
+                prefetching.step(model.inputs, model.targets)
+                prefetch_s.append(time.perf_counter() - start)
+        for p in scheduled.parameters():
+            p.grad = None
+        measured = executor.step(model.inputs, model.targets, measure_memory=True)
+        for p in plain.parameters():
+            p.grad = None
+        with measure_allocations() as plain_alloc:
+            model.loss_fn(plain(model.inputs), model.targets).backward()
+        plain_peak = plain_alloc.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
+        allowance = memory_allowance_bytes(model.module, graph)
+        row = {
+            "model": name,
+            "batch_size": batch_size,
+            "budget_fraction": fraction,
+            "ram_budget_bytes": budget,
+            "status": status,
+            "n_nodes": graph.n_nodes,
+            "n_recomputes": predicted.n_recomputes,
+            "n_pageouts": predicted.n_pageouts,
+            "grads_equal": grads_equal,
+            "n_unplanned": first.n_unplanned,
+            "n_skipped_ops": first.n_skipped_ops,
+            "predicted_peak_bytes": predicted.peak_ram_bytes,
+            "planned_peak_bytes": measured.planned_peak_bytes,
+            "measured_peak_bytes": measured.peak_bytes,
+            "measured_total_peak_bytes": measured.total_peak_bytes,
+            "plain_measured_peak_bytes": plain_peak,
+            "param_bytes": param_bytes,
+            "allowance_bytes": allowance,
+            "peak_within_allowance": measured.peak_bytes <= predicted.peak_ram_bytes + allowance,
+            "bytes_written": measured.bytes_written,
+            "bytes_read": measured.bytes_read,
+            "predicted_runtime_s": predicted.runtime_s,
+            "calibrated_predicted_runtime_s": predicted.runtime_s * profile.model.step_runtime_s / profile.model.node_runtime_sum_s,
+            "predicted_compute_time_s": predicted.compute_time_s,
+            "predicted_paging_time_s": predicted.paging_time_s,
+            "profiled_plain_step_s": profile.model.step_runtime_s,
+            "profiled_node_sum_s": profile.model.node_runtime_sum_s,
+            "median_cpu_s": statistics.median(exec_cpu_s),
+            "median_plain_cpu_s": statistics.median(plain_cpu_s),
+            "cpu_time_vs_plain": statistics.median(exec_cpu_s) / statistics.median(plain_cpu_s) - 1,
+            "median_runtime_s": statistics.median(exec_runtime_s),
+            "runtime_vs_prediction": statistics.median(exec_runtime_s) / predicted.runtime_s - 1,
+            "plain_cpu_vs_profiled_node_sum": statistics.median(plain_cpu_s) / profile.model.node_runtime_sum_s - 1,
+            "median_wall_s": statistics.median(exec_s),
+            "min_wall_s": min(exec_s),
+            "min_plain_wall_s": min(plain_s),
+            "min_time_vs_plain": min(exec_s) / min(plain_s) - 1,
+            "median_prefetch_wall_s": statistics.median(prefetch_s) if prefetch_s else None,
+            "min_prefetch_wall_s": min(prefetch_s) if prefetch_s else None,
+            "prefetch_wall_s": prefetch_s,
+            "median_plain_wall_s": statistics.median(plain_s),
+            "wall_s": exec_s,
+            "plain_wall_s": plain_s,
+            "time_vs_prediction": statistics.median(exec_s) / predicted.runtime_s - 1,
+            "time_vs_calibrated_prediction": statistics.median(exec_s) / (predicted.runtime_s * profile.model.step_runtime_s / profile.model.node_runtime_sum_s) - 1,
+            "time_vs_plain": statistics.median(exec_s) / statistics.median(plain_s) - 1,
+        }
+        rows.append(row)
+        tqdm.write(
+            f"   CPU {row['median_cpu_s'] * 1e3:.1f} ms vs plain {row['median_plain_cpu_s'] * 1e3:.1f} ms ({row['cpu_time_vs_plain']:+.1%}); "
+            f"runtime (CPU + paging wall) {row['median_runtime_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['runtime_vs_prediction']:+.1%})"
+        )
+        tqdm.write(
+            f"{name} x{batch_size} @ {fraction:.2f}: {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
+            f"peak {measured.peak_bytes:,} measured vs {predicted.peak_ram_bytes:,} predicted (+ allowance {allowance:,}); "
+            f"time {row['median_wall_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['time_vs_prediction']:+.1%}), "
+            f"plain {row['median_plain_wall_s'] * 1e3:.1f} ms ({row['time_vs_plain']:+.1%})"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", default=[c[0] for c in CASES])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--paging-dir", default=None, help="where the paging files go (default: a temporary directory)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # as profiled
+    torch.use_deterministic_algorithms(True)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
+        for name, batch_size, fractions in tqdm([c for c in CASES if c[0] in args.models], desc="execute benchmark"):
+            rows += run_case(name, batch_size, fractions, args.repeats, args.time_limit, paging_dir)
+    ok = [r for r in rows if "measured_peak_bytes" in r]
+    summary = {
+        "all_grads_equal": all(r["grads_equal"] for r in ok),
+        "all_peaks_within_allowance": all(r["peak_within_allowance"] for r in ok),
+        "checkpoint_all_cpu_overhead_vs_plain": {r["model"]: float(r["cpu_time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
+        "runtime_vs_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["runtime_vs_prediction"]) for r in ok},
+        "checkpoint_all_overhead_vs_plain_median": {r["model"]: float(r["time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
+        "checkpoint_all_overhead_vs_plain_min": {r["model"]: float(r["min_time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
+        "time_vs_calibrated_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["time_vs_calibrated_prediction"]) for r in ok},
+        "time_vs_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["time_vs_prediction"]) for r in ok},
+    }
+    write_json_atomic(args.out, {
+        "benchmark": "execute",
+        "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count()},
+        "summary": summary,
+        "rows": rows,
+    })
+    print(summary)
+
+
+if __name__ == "__main__":
+    main()

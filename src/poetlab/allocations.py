@@ -1,0 +1,76 @@
+"""Peak memory of a block of code, measured from the CPU allocator's own events.
+
+On a machine without a GPU there is no ``memory_allocated()`` counter, so we read the allocator through
+``torch.profiler.profile(profile_memory=True)``: every allocation and free of PyTorch's CPU allocator is
+an event with its address, byte count and time stamp. Summing them in time order gives the bytes
+allocated since the block started, and its maximum is the peak: a number from the allocator, not from
+our own bookkeeping of what a schedule holds. Memory that existed before the block (parameters, the
+batch) is the zero line.
+
+:meth:`AllocationPeak.peak_excluding` leaves out the allocations of given tensors that are still alive at
+the end (a step's parameter gradients, which POET keeps outside the activation budget), found by their
+addresses: what remains is the peak of activations, saved tensors, gradients of activations and
+transient workspace.
+
+The profiler slows the code it watches, so wall times are taken in separate, unprofiled runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from torch.profiler import ProfilerActivity, profile
+
+
+@dataclass
+class AllocationPeak:
+    """Filled in when the ``measure_allocations`` block ends: every allocation event (time, address,
+    bytes; negative bytes for a free), the peak and the final bytes above the start."""
+
+    events: list[tuple[int, int, int]] = field(default_factory=list)
+    peak_bytes: int = 0
+    final_bytes: int = 0
+
+    def peak_excluding(self, addresses: Iterable[int]) -> int:
+        """The peak without the last allocation at each of ``addresses`` (tensors alive at the end)."""
+        wanted = set(addresses)
+        last: dict[int, int] = {}
+        for k, (_, ptr, nbytes) in enumerate(self.events):
+            if ptr in wanted and nbytes > 0:
+                last[ptr] = k
+        skip = set(last.values())
+        current = peak = 0
+        for k, (_, _, nbytes) in enumerate(self.events):
+            if k not in skip:
+                current += nbytes
+                peak = max(peak, current)
+        return peak
+
+
+def _allocations(nodes, found: list[tuple[int, int, int]]) -> None:
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        fields = node.extra_fields
+        if type(fields).__name__ == "_ExtraFields_Allocation":
+            found.append((node.start_time_ns, int(fields.ptr), int(fields.alloc_size)))
+        stack.extend(node.children)
+
+
+@contextmanager
+def measure_allocations() -> Iterator[AllocationPeak]:
+    """Context manager yielding an :class:`AllocationPeak` that is filled in at exit."""
+    result = AllocationPeak()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        yield result
+    events: list[tuple[int, int, int]] = []
+    _allocations(prof.profiler.kineto_results.experimental_event_tree(), events)
+    events.sort(key=lambda item: item[0])
+    result.events = events
+    current = peak = 0
+    for _, _, nbytes in events:
+        current += nbytes
+        peak = max(peak, current)
+    result.peak_bytes, result.final_bytes = peak, current

@@ -1,0 +1,743 @@
+"""``poetlab.execute``: run one training step of a real ``nn.Module`` exactly as a :class:`Schedule` says.
+
+The schedule's operations (compute, free, page out, page in; :mod:`poetlab.schedule`) are carried out
+on the tensors of a graph traced by :func:`poetlab.trace`, whose forward nodes are groups of ``torch.fx``
+nodes and whose backward nodes are autograd's own backward of those groups. Nothing of the backward is
+written by hand, so any traced model runs:
+
+- **The unit is a storage.** A forward node *owns* the storages it allocates that outlive it: its output
+  and whatever autograd saves while it runs that no earlier node produced (a dropout mask, BatchNorm's
+  batch statistics, a transformer layer's attention): exactly the bytes the trace charges to the node.
+- **free** resizes those storages to zero bytes: the memory goes back to the allocator while every
+  tensor object (the output autograd links to, the saved copies autograd holds) stays in place.
+  **page out** writes the storages' bytes to files (:mod:`poetlab.paging`), **page in** resizes them back
+  and reads the bytes in, in place. **compute** of a node already computed (a recompute) reruns its fx
+  nodes on detached aliases of its inputs and swaps the fresh storages' memory into the emptied ones
+  (``UntypedStorage._swap_data_ptr_``: no copy, no second buffer); the same RNG
+  state (saved before the node's first run, only for nodes that draw random numbers: dropout) and the
+  same BatchNorm buffers (restored after the rerun) make the recomputed bytes equal the first ones.
+- **Autograd's saved tensors** go through ``torch.autograd.graph.saved_tensors_hooks``: packing records
+  which node owns each saved storage (and detaches it, so no reference cycle forms); unpacking checks
+  that the owner is in RAM as the schedule promised (waiting for a prefetched page-in if need be).
+- **The backward pass is autograd's engine** (``loss.backward()``). A pre-hook on the autograd node of
+  forward node *g*'s output advances the schedule up to the compute of *g*'s backward node, performing
+  the frees, page-outs, page-ins and recomputes that come before it. CPU autograd runs
+  nodes in decreasing creation order, which is the reverse forward order the trace gives backward nodes.
+  The caller's ``.grad`` are set aside during the step and accumulated with the new ones only after
+  the whole step succeeded, so a failing step leaves parameters, gradients and BatchNorm buffers as
+  they were.
+
+What the executor cannot honour, it counts rather than hides: gradients (backward nodes' outputs) live in
+autograd's engine, which frees each after its last use as the schedule does, but page-outs, page-ins and
+recomputes of backward nodes are skipped (``n_skipped_ops``), as are frees and page-outs of the batch,
+which belongs to the caller; a saved tensor the schedule did not hold when autograd asked for it is either
+an error (``strict=True``) or fetched on demand (``n_unplanned``).
+
+Why storages and not ``torch.utils.checkpoint``: checkpointing recomputes whole regions chosen before the
+step, and its recompute happens when the backward first needs them. A POET schedule decides per tensor
+and per moment (free here, page out there, recompute this node now, from inputs that may themselves
+have been paged in), so the executor needs a handle on each tensor's memory that leaves autograd's graph
+as it is: the storage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from concurrent.futures import Future
+
+import torch
+from torch import fx, nn
+
+from poetlab.allocations import measure_allocations
+from poetlab.costs import CostModel
+from poetlab.errors import PoetlabError
+from poetlab.graph import TrainingGraph
+from poetlab.paging import PageStore
+from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
+from poetlab.trace import _tensors
+
+__all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes"]
+
+
+class ExecutionError(PoetlabError, RuntimeError):
+    """A schedule, graph or module that the executor cannot run together."""
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """One executed step. Bytes and seconds; the prediction is the simulator's for the same schedule.
+
+    ``total_peak_bytes`` is the allocator's peak above the memory in use when the step began, and
+    ``peak_bytes`` the same without the parameters' gradients (found by address; POET keeps them outside
+    the activation budget): activations, saved tensors, gradients of activations, workspace. Both are
+    None when not measured. ``planned_peak_bytes`` is the schedule replayed by our own bookkeeping of
+    the graph's bytes as the executor went (equal to the simulator's when every op was honoured).
+
+    ``wall_s`` is the step's wall time; ``cpu_s`` its CPU time on the calling thread (autograd's CPU
+    engine runs there too), which other processes' load does not inflate; ``paging_wall_s`` and
+    ``paging_cpu_s`` the wall and CPU time spent in page-outs and synchronous page-ins. Waiting for the
+    disk is not CPU time, so :attr:`runtime_s` (CPU time outside paging + paging wall time) is the
+    number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.profile`).
+    """
+
+    loss: float
+    wall_s: float
+    cpu_s: float
+    paging_wall_s: float
+    paging_cpu_s: float
+    peak_bytes: int | None
+    total_peak_bytes: int | None
+    planned_peak_bytes: int
+    bytes_written: int
+    bytes_read: int
+    n_computes: int
+    n_recomputes: int
+    n_pageouts: int
+    n_pageins: int
+    n_unplanned: int
+    n_skipped_ops: int
+    prefetch: bool
+    predicted: SimulationResult | None = None
+
+    @property
+    def runtime_s(self) -> float:
+        return self.cpu_s - self.paging_cpu_s + self.paging_wall_s
+
+    def to_dict(self) -> dict[str, object]:
+        row: dict[str, object] = {
+            name: getattr(self, name)
+            for name in (
+                "loss", "wall_s", "cpu_s", "paging_wall_s", "paging_cpu_s", "runtime_s", "peak_bytes", "total_peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
+                "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops", "prefetch",
+            )
+        }
+        if self.predicted is not None:
+            row["predicted_peak_bytes"] = self.predicted.peak_ram_bytes
+            row["predicted_runtime_s"] = self.predicted.runtime_s
+            row["predicted_compute_time_s"] = self.predicted.compute_time_s
+            row["predicted_paging_time_s"] = self.predicted.paging_time_s
+        return row
+
+
+# ---- how graph nodes map onto fx ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Binding:
+    """Graph node index -> what to run: ``members`` (fx nodes, in order) for forward nodes, the forward
+    node of each backward node, and which nodes are inputs or the loss."""
+
+    members: tuple[tuple[fx.Node, ...], ...]
+    forward_of: tuple[int | None, ...]
+    backward_of_forward: dict[int, int]
+    inputs: frozenset[int]
+    loss: int
+    output_arg: object  # the fx output node's argument (the model output, fx nodes inside)
+
+
+def _bind(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
+    meta = graph.metadata
+    if meta.get("source") != "poetlab.trace":
+        raise ExecutionError(f"graph {graph.name!r} was not made by poetlab.trace; execute needs a traced graph (poetlab.trace(module, ...))")
+    if meta.get("fx_code") is not None and meta["fx_code"] != gm.code:
+        raise ExecutionError(f"graph {graph.name!r} was traced from a different module; trace this module again")
+    by_name = {n.name: n for n in gm.graph.nodes}
+    groups: dict[str, list[str]] = meta["fx_groups"]  # type: ignore[assignment]
+    backward_of: dict[str, str] = meta["backward_of"]  # type: ignore[assignment]
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    members: list[tuple[fx.Node, ...]] = []
+    forward_of: list[int | None] = []
+    inputs = set()
+    for i, node in enumerate(graph.nodes):
+        if node.is_backward:
+            forward_of.append(index[backward_of[node.name]])
+            members.append(())
+            continue
+        forward_of.append(None)
+        try:
+            members.append(tuple(by_name[m] for m in groups[node.name]))
+        except KeyError as exc:
+            raise ExecutionError(f"graph {graph.name!r}: fx node {exc} of {node.name!r} is not in the module's trace; trace this module again") from None
+        if node.kind == "input":
+            inputs.add(i)
+    params = dict(gm.named_parameters())
+    for node in graph.nodes:
+        names = meta.get("param_names", {}).get(node.name, [])  # type: ignore[union-attr]
+        if names and sum(params[q].numel() * params[q].element_size() for q in names if q in params) != node.param_bytes:
+            raise ExecutionError(f"graph {graph.name!r} was traced from a module with other parameter shapes ({node.name}); trace this module again")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return _Binding(
+        members=tuple(members),
+        forward_of=tuple(forward_of),
+        backward_of_forward={f: j for j, f in enumerate(forward_of) if f is not None},
+        inputs=frozenset(inputs),
+        loss=index[str(meta.get("loss_node", "loss"))],
+        output_arg=output.args[0],
+    )
+
+
+def _detached(value: object) -> object:
+    """Detached aliases of the tensors in ``value``, requiring grad where the originals did, so that a
+    rerun saves the same tensors for backward as the first run did."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.requires_grad)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    return value
+
+
+def _key(storage: torch.UntypedStorage) -> int:
+    """Identity of a storage that survives resizing (the StorageImpl's address)."""
+    return storage._cdata
+
+
+@dataclass(eq=False)
+class _Storage:
+    """A storage owned by forward node ``owner``, and where a rerun of the node finds its fresh copy:
+    ``("value", fx name, tensor index)`` or ``("pack", position of the saved tensor)``. ``refs`` counts
+    the nodes in RAM whose values live in it (a view node shares its producer's storage, an ``Identity``
+    returns its input): it is freed only when the last of them is."""
+
+    storage: torch.UntypedStorage
+    nbytes: int
+    owner: int
+    index: int
+    source: tuple
+    refs: int = 0
+    pending: Future | None = None
+
+    @property
+    def materialized(self) -> bool:
+        return self.storage.nbytes() == self.nbytes
+
+
+@dataclass
+class _NodeState:
+    owned: list[_Storage] = field(default_factory=list)
+    held: list[_Storage] = field(default_factory=list)
+    computed: bool = False
+    in_ram: bool = False
+    on_flash: bool = False
+    rng_state: torch.Tensor | None = None
+    n_packs: int = 0
+
+
+class _Saved:
+    """What autograd holds for a saved tensor: a detached alias and the record of its storage."""
+
+    __slots__ = ("tensor", "record")
+
+    def __init__(self, tensor: torch.Tensor, record: object):
+        self.tensor = tensor
+        self.record = record
+
+
+# ---- the executor ------------------------------------------------------------------------------
+
+
+class ScheduleExecutor:
+    """Runs ``schedule`` on ``module`` step after step (the fx trace and the binding are built once).
+
+    ``loss_fn(output, targets)`` must be the loss the graph was traced with; ``paging_dir`` is where the
+    private paging directory is made (the system's temporary directory by default).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        graph: TrainingGraph,
+        schedule: Schedule,
+        loss_fn: Callable[..., torch.Tensor],
+        *,
+        paging_dir: str | None = None,
+        prefetch: bool = False,
+        durable: bool = True,
+        strict: bool = True,
+    ):
+        if schedule.n_nodes != graph.n_nodes:
+            raise ExecutionError(f"schedule has {schedule.n_nodes} nodes but graph {graph.name!r} has {graph.n_nodes}; plan on this graph")
+        self.module = module
+        self.graph = graph
+        self.schedule = schedule
+        self.loss_fn = loss_fn
+        self.paging_dir = paging_dir
+        self.prefetch = prefetch
+        self.durable = durable
+        self.strict = strict
+        self.gm = fx.symbolic_trace(module)
+        self.binding = _bind(graph, self.gm)
+        self.modules = dict(self.gm.named_modules())
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.constants = [*module.parameters(), *module.buffers()]  # (their storages are looked up per step)
+        self.buffers = [b for b in module.buffers() if b.numel()]
+        # whether each forward node draws random numbers (dropout), learnt on the first step: a node that
+        # does has the RNG state before it kept, to replay on a recompute
+        self.draws_rng: dict[int, bool] = {}
+        self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        self._group_of: dict[str, int] = {m.name: i for i, ms in enumerate(self.binding.members) for m in ms}
+        # fx names whose values are read outside their group (kept for the whole step)
+        self._external: list[set[str]] = []
+        for i, ms in enumerate(self.binding.members):
+            names = {m.name for m in ms}
+            ext = {m.name for m in ms if any(u.name not in names for u in m.users)}
+            if ms:
+                ext.add(ms[-1].name)
+            self._external.append(ext)
+
+    def _set_aside_grads(self) -> None:
+        self._aside = [p.grad for p in self.params]
+        for p in self.params:
+            p.grad = None
+
+    def _restore_grads(self, add: bool) -> None:
+        """Put the gradients set aside back: alone (after a failure) or plus this step's, as
+        ``backward`` accumulates (in place, so the bits are those of a plain accumulation)."""
+        aside, self._aside = getattr(self, "_aside", None), None
+        if aside is None:
+            return
+        with torch.no_grad():
+            for p, old in zip(self.params, aside, strict=True):
+                new = p.grad if add else None
+                if old is None:
+                    p.grad = new
+                else:
+                    if new is not None:
+                        old.add_(new)
+                    p.grad = old
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
+        """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would."""
+        run = _Run(self, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), targets)
+        # BatchNorm's running statistics change during the forward pass: kept to put back on failure
+        buffers = torch._foreach_mul(self.buffers, 1) if self.buffers else []
+        try:
+            cpu_start = time.thread_time()
+            if measure_memory:
+                with measure_allocations() as allocation:
+                    start = time.perf_counter()
+                    grads = run.go()
+                    wall = time.perf_counter() - start
+                total_peak: int | None = allocation.peak_bytes
+                peak: int | None = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
+            else:
+                start = time.perf_counter()
+                grads = run.go()
+                wall = time.perf_counter() - start
+                peak = total_peak = None
+            cpu = time.thread_time() - cpu_start
+        except BaseException:
+            with torch.no_grad():
+                for b, saved in zip(self.buffers, buffers, strict=True):
+                    b.copy_(saved)
+            self._restore_grads(add=False)
+            raise
+        finally:
+            run.close()
+        self._restore_grads(add=True)
+        return ExecutionResult(
+            loss=run.loss_value,
+            wall_s=wall,
+            cpu_s=cpu,
+            paging_wall_s=run.store.wall_s if run.store else 0.0,
+            paging_cpu_s=run.store.cpu_s if run.store else 0.0,
+            peak_bytes=peak,
+            total_peak_bytes=total_peak,
+            planned_peak_bytes=run.planned_peak,
+            bytes_written=run.store.bytes_written if run.store else 0,
+            bytes_read=run.store.bytes_read if run.store else 0,
+            n_computes=run.n_computes,
+            n_recomputes=run.n_recomputes,
+            n_pageouts=run.n_pageouts,
+            n_pageins=run.n_pageins,
+            n_unplanned=run.n_unplanned,
+            n_skipped_ops=run.n_skipped,
+            prefetch=self.prefetch,
+        )
+
+
+class _Run:
+    """The state of one executed step."""
+
+    def __init__(self, ex: ScheduleExecutor, inputs: tuple[torch.Tensor, ...], targets: object):
+        self.ex = ex
+        self.inputs = inputs
+        self.targets = targets
+        self.state = [_NodeState() for _ in range(ex.graph.n_nodes)]
+        self.values: dict[str, object] = {}
+        self.constants: dict[str, object] = {}
+        self.records: dict[int, _Storage] = {}  # storage key -> record
+        self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.constants, *_tensors(targets)]}
+        self.store: PageStore | None = None
+        if any(op.kind is OpKind.PAGE_OUT for op in ex.schedule.ops):
+            self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
+        self.cursor = 0
+        self.current: int | None = None
+        self.current_packs = 0
+        self.pending_own: list[tuple[int, torch.Tensor]] = []
+        self.seen_fns: set[object] = set()
+        self.loss: torch.Tensor | None = None
+        self.loss_value = math.nan
+        self.planned = 0
+        self.planned_peak = 0
+        self.n_computes = self.n_recomputes = self.n_pageouts = self.n_pageins = 0
+        self.n_unplanned = self.n_skipped = 0
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+        self.values.clear()
+        self.constants.clear()
+        self.records.clear()
+        self.state.clear()
+
+    # -- driving the schedule -------------------------------------------------------------------
+    def go(self) -> list[torch.Tensor | None]:
+        ops = self.ex.schedule.ops
+        forward_of = self.ex.binding.forward_of
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            while self.cursor < len(ops):
+                op = ops[self.cursor]
+                if op.kind is OpKind.COMPUTE and forward_of[op.node] is not None:
+                    break  # the first backward compute: autograd's engine takes over from here
+                self._do(op)
+                self.cursor += 1
+        if self.loss is None:
+            raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
+        # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
+        self.ex._set_aside_grads()
+        self.loss.backward()
+        grads = [p.grad for p in self.ex.params]
+        self.loss = None
+        while self.cursor < len(ops):
+            self._do(ops[self.cursor])
+            self.cursor += 1
+        if self.ex.prefetch:
+            for record in self.records.values():
+                self._wait(record)
+        return list(grads)
+
+    def _advance_to_backward(self, j: int) -> None:
+        """Autograd is about to run a node of backward node ``j``: perform the schedule up to and
+        including ``j``'s compute (nothing if it is done already)."""
+        if self.state[j].computed:
+            return
+        ops = self.ex.schedule.ops
+        while self.cursor < len(ops):
+            op = ops[self.cursor]
+            self.cursor += 1
+            self._do(op)
+            if op.kind is OpKind.COMPUTE and op.node == j:
+                return
+        raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
+
+    def _do(self, op: Op) -> None:
+        i = op.node
+        st = self.state[i]
+        if op.kind is OpKind.COMPUTE:
+            self.n_computes += 1
+            if self.ex.binding.forward_of[i] is not None:  # autograd computes it; we only follow
+                self.n_skipped += int(st.computed)  # a gradient cannot be recomputed outside autograd
+                self._set_in_ram(i, True)
+                st.computed = True
+            elif st.computed:
+                self.n_recomputes += 1
+                self._recompute(i)
+            else:
+                self._first_compute(i)
+            return
+        if self.ex.binding.forward_of[i] is not None or i in self.ex.binding.inputs:
+            # Gradients live in autograd's engine, which frees each after its last use as the schedule
+            # does; paging one is not possible, nor freeing the caller's batch: those are counted.
+            self.n_skipped += int(op.kind is not OpKind.FREE or i in self.ex.binding.inputs)
+            if op.kind is not OpKind.PAGE_OUT:
+                self._set_in_ram(i, op.kind is OpKind.PAGE_IN)
+            return
+        if op.kind is OpKind.FREE:
+            self._set_in_ram(i, False)
+        elif op.kind is OpKind.PAGE_OUT:
+            assert self.store is not None
+            for record in st.owned:
+                self._wait(record)
+                if not record.materialized:
+                    raise ExecutionError(f"the schedule pages out {self.ex.graph.nodes[i].name}, which is not in RAM")
+                self.store.write(f"{i}-{record.index}", record.storage)
+            st.on_flash = True
+            self.n_pageouts += 1
+        else:
+            if not st.on_flash:
+                raise ExecutionError(f"the schedule pages in {self.ex.graph.nodes[i].name}, which was never paged out")
+            self._page_in(i)
+            self.n_pageins += 1
+
+    def _set_in_ram(self, i: int, in_ram: bool) -> None:
+        """Node ``i`` enters or leaves RAM: count its storages' users, free those nobody holds."""
+        st = self.state[i]
+        if st.in_ram == in_ram:
+            return
+        st.in_ram = in_ram
+        self.planned += (1 if in_ram else -1) * self.ex.graph.nodes[i].output_bytes
+        self.planned_peak = max(self.planned_peak, self.planned)
+        for record in st.held:
+            record.refs += 1 if in_ram else -1
+            if record.refs == 0:
+                self._wait(record)
+                record.storage.resize_(0)
+
+    def _page_in(self, i: int) -> None:
+        st = self.state[i]
+        assert self.store is not None
+        for record in st.owned:
+            if not record.materialized:
+                record.storage.resize_(record.nbytes)
+                record.pending = self.store.read_into(f"{i}-{record.index}", record.storage)
+        self._set_in_ram(i, True)
+
+    @staticmethod
+    def _wait(record: _Storage) -> None:
+        if record.pending is not None:
+            future, record.pending = record.pending, None
+            future.result()
+
+    def _ensure(self, record: _Storage, reader: str) -> None:
+        """``record``'s bytes must be in RAM now: they are (possibly once a prefetch lands), or the
+        schedule did not keep them and we fail (strict) or fetch them (counted as unplanned)."""
+        if record.pending is None and record.refs > 0:
+            return  # held by a node in RAM, no read in flight: materialized (the fast path)
+        self._wait(record)
+        if record.materialized:
+            return
+        owner = record.owner
+        st = self.state[owner]
+        name = self.ex.graph.nodes[owner].name
+        if self.ex.strict:
+            where = "on flash only" if st.on_flash else "freed"
+            raise ExecutionError(f"{reader} reads {name}, which the schedule does not hold in RAM ({where}); replay the schedule with poetlab.simulate")
+        self.n_unplanned += 1
+        if st.on_flash:
+            self._page_in(owner)
+            self._wait(record)
+        else:
+            self._recompute(owner)
+        # it now counts as in RAM until the schedule's next free of it (or the end of the step)
+
+    def _need(self, i: int, reader: str) -> None:
+        for record in self.state[i].held:
+            self._ensure(record, reader)
+
+    # -- forward nodes --------------------------------------------------------------------------
+    def _resolve(self, dep: fx.Node, local: dict[str, object], detach: bool, reader: str) -> object:
+        if dep.name in local:
+            return local[dep.name]
+        group = self.ex._group_of.get(dep.name)
+        if group is not None:
+            self._need(group, reader)
+            value = self.values[dep.name]
+            return _detached(value) if detach else value
+        if dep.name not in self.constants:  # get_attr, or a node computing no tensor (a size, ...)
+            self.constants[dep.name] = self._run_fx(dep, lambda d: self._resolve(d, local, detach, reader))
+        return self.constants[dep.name]
+
+    def _run_fx(self, n: fx.Node, lookup: Callable[[fx.Node], object]) -> object:
+        args = fx.node.map_arg(n.args, lookup)
+        kwargs = fx.node.map_arg(n.kwargs, lookup)
+        if n.op == "call_module":
+            return self.ex.modules[n.target](*args, **kwargs)
+        if n.op == "call_function":
+            return n.target(*args, **kwargs)
+        if n.op == "call_method":
+            obj, *rest = args
+            return getattr(obj, n.target)(*rest, **kwargs)
+        if n.op == "get_attr":
+            value: object = self.ex.gm
+            for part in str(n.target).split("."):
+                value = getattr(value, part)
+            return value
+        if n.op == "placeholder":
+            return self.inputs[self.ex.placeholders.index(n)]
+        raise ExecutionError(f"cannot run fx node {n.name} ({n.op})")
+
+    def _run_group(self, i: int, detach: bool) -> tuple[dict[str, object], object]:
+        """Run forward node ``i``'s fx nodes; returns (values of its external fx nodes, its output)."""
+        binding = self.ex.binding
+        reader = self.ex.graph.nodes[i].name
+        if i == binding.loss:
+            model_out = fx.node.map_arg(binding.output_arg, lambda d: self._resolve(d, {}, detach, reader))
+            return {}, self.ex.loss_fn(model_out, self.targets)
+        local: dict[str, object] = {}
+        out: object = None
+        for m in binding.members[i]:
+            out = local[m.name] = self._run_fx(m, lambda d: self._resolve(d, local, detach, reader))
+        return {name: local[name] for name in self.ex._external[i]}, out
+
+    def _first_compute(self, i: int) -> None:
+        st = self.state[i]
+        draws = self.ex.draws_rng.get(i)  # unknown on the first step: find out
+        rng_before = torch.get_rng_state() if draws is not False else None
+        self.current, self.current_packs, self.pending_own = i, 0, []
+        try:
+            with torch.enable_grad():
+                values, out = self._run_group(i, detach=False)
+        finally:
+            self.current = None
+        st.n_packs = self.current_packs
+        if draws is None:
+            draws = self.ex.draws_rng[i] = not torch.equal(rng_before, torch.get_rng_state())
+        if draws:
+            st.rng_state = rng_before  # the node draws random numbers (dropout): replay them on a rerun
+        self.values.update(values)
+        if i == self.ex.binding.loss:
+            self.loss = out
+            self.loss_value = float(out.detach())
+        if i in self.ex.binding.inputs:  # the caller's batch: never freed or paged
+            self.constant_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
+        # what it owns: its values' new storages, then those autograd saved that nobody else made
+        candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
+        candidates += [(t, ("pack", position)) for position, t in self.pending_own]
+        self.pending_own = []
+        held: dict[int, _Storage] = {}
+        for t, source in candidates:
+            storage = t.untyped_storage()
+            key = _key(storage)
+            if key in self.constant_keys or key in held:
+                continue
+            record = self.records.get(key)
+            if record is None:
+                record = _Storage(storage, storage.nbytes(), i, len(st.owned), source)
+                self.records[key] = record
+                st.owned.append(record)
+            held[key] = record
+        st.held = list(held.values())
+        st.computed = True
+        self._set_in_ram(i, True)
+        self._hook_backward(i, out if i == self.ex.binding.loss else list(values.values()))
+
+    def _hook_backward(self, i: int, value: object) -> None:
+        """A pre-hook on the autograd nodes of forward node ``i``'s outputs, to drive the schedule. The
+        engine runs a group's autograd nodes one after another in decreasing creation order, so the
+        output's node, created last, is the first of the group to run."""
+        j = self.ex.binding.backward_of_forward.get(i)
+        if j is None:
+            return
+        hook = lambda *_: self._advance_to_backward(j)  # noqa: E731
+        for t in _tensors(value):
+            fn = t.grad_fn
+            if fn is not None and fn not in self.seen_fns:
+                self.seen_fns.add(fn)
+                fn.register_prehook(hook)
+
+    def _recompute(self, i: int) -> None:
+        """Rerun forward node ``i`` on its inputs and put the fresh bytes into its emptied storages."""
+        st = self.state[i]
+        modules = [self.ex.modules[m.target] for m in self.ex.binding.members[i] if m.op == "call_module"]
+        buffers = [(b, b.detach().clone()) for mod in modules for b in mod.buffers()]
+        recorded: list[torch.Tensor] = []
+
+        def record_pack(t: torch.Tensor) -> torch.Tensor:
+            recorded.append(t)
+            return t
+
+        with torch.random.fork_rng(devices=[], enabled=st.rng_state is not None):
+            if st.rng_state is not None:
+                torch.set_rng_state(st.rng_state)
+            with torch.autograd.graph.saved_tensors_hooks(record_pack, lambda t: t), torch.enable_grad():
+                values, _ = self._run_group(i, detach=True)
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        if len(recorded) != st.n_packs:
+            raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
+        for record in st.owned:
+            self._wait(record)
+            if record.materialized:
+                continue  # still held by a view that stayed in RAM
+            fresh = _tensors(values[record.source[1]])[record.source[2]] if record.source[0] == "value" else recorded[record.source[1]]
+            source = fresh.untyped_storage()
+            if source.nbytes() != record.nbytes:
+                raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {record.nbytes}")
+            record.storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
+        del values, recorded
+        self._set_in_ram(i, True)
+
+    # -- autograd's saved tensors ---------------------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> _Saved:
+        key = _key(t.untyped_storage())
+        position = self.current_packs
+        self.current_packs += 1
+        if key in self.constant_keys:
+            return _Saved(t, None)
+        record = self.records.get(key)
+        if record is None and self.current is not None:
+            self.pending_own.append((position, t))
+        return _Saved(t.detach(), record if record is not None else _PendingRecord(self, key))
+
+    def _unpack(self, saved: _Saved) -> torch.Tensor:
+        record = saved.record
+        if isinstance(record, _PendingRecord):
+            record = saved.record = record.resolve()
+        if record is not None and self.state:
+            self._ensure(record, "autograd")
+        return saved.tensor
+
+
+class _PendingRecord:
+    """A saved tensor packed while its node was still running: its storage record exists only once the
+    node has finished, so the lookup waits until the tensor is unpacked."""
+
+    __slots__ = ("run", "key")
+
+    def __init__(self, run: _Run, key: int):
+        self.run = run
+        self.key = key
+
+    def resolve(self) -> _Storage | None:
+        return self.run.records.get(self.key)
+
+
+# ---- the functions ---------------------------------------------------------------------------
+
+
+def memory_allowance_bytes(module: nn.Module, graph: TrainingGraph) -> int:
+    """How far an executed step's measured peak (parameter gradients left out) may exceed the simulator's,
+    and why: the simulator counts the graph's tensors, the allocator also sees each operation's transient
+    workspace. The largest is a convolution's: PyTorch's CPU convolution (and its backward) unfolds its
+    input into kernel-area copies (im2col), at most ``kernel area x`` the largest tensor of the graph; plus
+    one more tensor of that size for autograd summing two gradient contributions (a skip connection)
+    before it passes the sum on. So: ``(largest kernel area + 1) x`` the graph's largest node."""
+    kernel_area = max(
+        (math.prod(m.kernel_size) for m in module.modules() if isinstance(m, nn.modules.conv._ConvNd)), default=1
+    )
+    return (kernel_area + 1) * int(graph.output_bytes.max())
+
+
+
+def execute(
+    module: nn.Module,
+    schedule: Schedule,
+    batch: tuple[torch.Tensor | Sequence[torch.Tensor], object],
+    *,
+    graph: TrainingGraph,
+    loss_fn: Callable[..., torch.Tensor],
+    costs: CostModel | None = None,
+    paging_dir: str | None = None,
+    prefetch: bool = False,
+    durable: bool = True,
+    strict: bool = True,
+    measure_memory: bool = True,
+) -> ExecutionResult:
+    """Run one training step of ``module`` on ``batch = (inputs, targets)`` as ``schedule`` says.
+
+    ``graph`` is the :func:`poetlab.trace` graph the schedule was planned on; gradients are added to the
+    parameters' ``.grad`` exactly as ``loss_fn(module(inputs), targets).backward()`` would. With
+    ``costs``, the result carries the simulator's prediction for the same schedule.
+    """
+    executor = ScheduleExecutor(module, graph, schedule, loss_fn, paging_dir=paging_dir, prefetch=prefetch, durable=durable, strict=strict)
+    result = executor.step(batch[0], batch[1], measure_memory=measure_memory)
+    if costs is not None:
+        from dataclasses import replace
+
+        result = replace(result, predicted=simulate(schedule, graph, costs))
+    return result

@@ -1,0 +1,250 @@
+"""Executing schedules for real: gradients equal plain autograd bit for bit, memory as predicted, faults.
+
+Small sizes (a width-8 ResNet-18 at 16x16, MobileNetV2 x0.35 at 32x32, the 2-layer encoder) at budgets
+that force recomputation, paging, or both (greedy schedules, and POET's MILP on the m4 platform, whose
+costs make it mix the two). Every step is checked against a plain ``loss.backward()`` from the same
+weights and RNG state, with deterministic algorithms on.
+
+Memory allowance. The executor's peak is measured from the allocator, without the parameters'
+gradients (left out by address: POET keeps them outside the activation budget, its ``fixed_bytes``);
+the simulator's counts the graph's tensors only. The difference we allow is one operation's transient
+workspace, bounded by :func:`poetlab.execute.memory_allowance_bytes`: a convolution's im2col buffer
+(kernel area x the largest tensor) plus one more largest tensor (autograd summing two gradient
+contributions of a skip connection before passing them on).
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import poetlab
+from poetlab.execute import ExecutionError, ScheduleExecutor, execute, memory_allowance_bytes
+from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.paging import PageStore, PagingError
+from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.torch_models import MobileNetV2, ResNet18, build_torch_model
+from poetlab.trace import trace
+
+
+pytestmark = pytest.mark.usefixtures("deterministic_torch")
+
+
+def _case(name: str):
+    """(module, inputs, targets) at test size, seeded."""
+    generator = torch.Generator().manual_seed(1)
+    torch.manual_seed(0)
+    if name == "resnet":
+        return ResNet18(10, width=8).train(), torch.randn(2, 3, 16, 16, generator=generator), torch.tensor([1, 7])
+    if name == "mobilenet":
+        return MobileNetV2(10, 0.35).train(), torch.randn(2, 3, 32, 32, generator=generator), torch.tensor([3, 4])
+    model = build_torch_model("bert_small_torch", 2, seed=0)
+    return model.module, model.inputs, model.targets
+
+
+_GRAPHS: dict[tuple[str, bool], tuple] = {}
+
+
+def _traced(name: str, fuse: bool, platform: str = "a72"):
+    key = (name, fuse)
+    if key not in _GRAPHS:
+        module, inputs, targets = _case(name)
+        _GRAPHS[key] = (module, inputs, targets, trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=fuse))
+    module, inputs, targets, graph = _GRAPHS[key]
+    return module, inputs, targets, graph, poetlab.CostModel.from_flops(graph, poetlab.load_platform(platform))
+
+
+def _grads(module: nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
+
+
+def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
+    """Run ``schedule`` and a plain step from the same state; assert equality; return the result."""
+    loss_fn = nn.CrossEntropyLoss()
+    rng = torch.get_rng_state()
+    reference = copy.deepcopy(module)
+    plain_loss = loss_fn(reference(inputs), targets)
+    plain_loss.backward()
+    rng_after = torch.get_rng_state()
+    torch.set_rng_state(rng)
+    scheduled = copy.deepcopy(module)
+    result = execute(scheduled, schedule, (inputs, targets), graph=graph, loss_fn=loss_fn, costs=costs, **options)
+    assert torch.equal(torch.get_rng_state(), rng_after)  # recomputes replay random numbers, never draw new ones
+    assert result.loss == float(plain_loss.detach())
+    for (pname, _), a, b in zip(reference.named_parameters(), _grads(reference), _grads(scheduled), strict=True):
+        assert (a is None) == (b is None), pname
+        assert a is None or torch.equal(a, b), f"{name}: gradient of {pname} differs"
+    for a, b in zip(reference.buffers(), scheduled.buffers(), strict=True):
+        assert torch.equal(a, b)
+    predicted = result.predicted
+    assert result.n_unplanned == 0
+    assert result.n_recomputes == predicted.n_recomputes
+    assert result.planned_peak_bytes == predicted.peak_ram_bytes
+    allowance = memory_allowance_bytes(module, graph)
+    assert result.peak_bytes <= predicted.peak_ram_bytes + allowance, (result.peak_bytes, predicted.peak_ram_bytes, allowance)
+    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    assert result.peak_bytes < result.total_peak_bytes <= result.peak_bytes + param_bytes
+    return result
+
+
+def _full(graph, costs) -> int:
+    return simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+
+
+@pytest.mark.parametrize("name, fuse", [("resnet", False), ("resnet", True), ("mobilenet", True)])
+def test_remat_and_paging_schedules_give_autograds_gradients(name, fuse):
+    module, inputs, targets, graph, costs = _traced(name, fuse)
+    full = _full(graph, costs)
+    remat = greedy_remat_schedule(graph, costs, 0.6 * full)
+    paging = greedy_paging_schedule(graph, costs, 0.6 * full)
+    assert remat is not None and remat.n_recomputes > 0
+    assert paging is not None and paging.count(OpKind.PAGE_OUT) > 0
+    result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
+    assert result.n_recomputes > 0 and result.bytes_written == 0
+    result = _check_step(name, fuse, paging, graph, costs, module, inputs, targets)
+    assert result.n_pageouts > 0 and result.bytes_written > 0 and result.bytes_read > 0
+    assert result.peak_bytes < _check_step(name, fuse, checkpoint_all_schedule(graph), graph, costs, module, inputs, targets).peak_bytes
+
+
+def test_encoder_recompute_replays_dropout():
+    """The encoder's transformer layers draw dropout masks: a recomputed layer must draw the same."""
+    module, inputs, targets, graph, costs = _traced("bert", False)
+    remat = greedy_remat_schedule(graph, costs, 0.95 * _full(graph, costs))
+    assert remat is not None
+    computes = [graph.nodes[op.node].name for op in remat.ops if op.kind is OpKind.COMPUTE]
+    assert any(name.startswith("layers") and computes.count(name) > 1 for name in computes)
+    result = _check_step("bert", False, remat, graph, costs, module, inputs, targets)
+    assert result.n_recomputes > 0
+
+
+def test_milp_schedule_mixing_recompute_and_paging():
+    """POET's own schedule on m4 costs at 45% of checkpoint-all: it recomputes and pages in one step."""
+    module, inputs, targets, graph, costs = _traced("resnet", True, platform="m4")
+    solved = poetlab.solve(graph, costs, 0.45 * _full(graph, costs), time_limit_s=4)
+    assert solved.schedule is not None
+    assert solved.n_recomputes > 0 and solved.n_pageouts > 0
+    for prefetch in (False, True):
+        result = _check_step("resnet", True, solved.schedule, graph, costs, module, inputs, targets, prefetch=prefetch)
+        assert result.n_pageins == solved.n_pageins and result.prefetch is prefetch
+
+
+def test_repeated_steps_with_one_executor_accumulate_like_backward():
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    schedule = greedy_paging_schedule(graph, costs, 0.6 * _full(graph, costs))
+    loss_fn = nn.CrossEntropyLoss()
+    reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+    executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn)
+    for _ in range(2):
+        loss_fn(reference(inputs), targets).backward()
+        executor.step(inputs, targets)
+    for a, b in zip(_grads(reference), _grads(scheduled), strict=True):
+        assert torch.equal(a, b)
+
+
+# ---- faults -----------------------------------------------------------------------------------
+
+
+def _paging_setup():
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    schedule = greedy_paging_schedule(graph, costs, 0.6 * _full(graph, costs))
+    module = copy.deepcopy(module)
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    before = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    grads = _grads(module)
+    return module, inputs, targets, graph, schedule, before, grads
+
+
+def _assert_untouched(module, before, grads, paging_root: Path):
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    for a, b in zip(_grads(module), grads, strict=True):
+        assert torch.equal(a, b)
+    assert list(paging_root.iterdir()) == []
+
+
+def test_disk_full_mid_step_is_one_clear_error_and_changes_nothing(tmp_path, monkeypatch):
+    module, inputs, targets, graph, schedule, before, grads = _paging_setup()
+    real_write = PageStore.write
+    calls = []
+
+    def write(self, key, storage):
+        calls.append(key)
+        if len(calls) == 2:
+            real = os.open
+            monkeypatch.setattr(os, "open", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+            try:
+                return real_write(self, key, storage)
+            finally:
+                monkeypatch.setattr(os, "open", real)
+        return real_write(self, key, storage)
+
+    monkeypatch.setattr(PageStore, "write", write)
+    with pytest.raises(PagingError) as caught:
+        execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
+    message = str(caught.value)
+    assert "\n" not in message and "No space left on device" in message and "free disk space" in message
+    _assert_untouched(module, before, grads, tmp_path)
+
+
+def test_paging_directory_removed_mid_step(tmp_path, monkeypatch):
+    """The directory vanishes after the first page-out: the next page-out or page-in fails with one
+    line, and nothing is left changed."""
+    module, inputs, targets, graph, schedule, before, grads = _paging_setup()
+    real_write = PageStore.write
+
+    def write(self, key, storage):
+        real_write(self, key, storage)
+        for child in self.directory.iterdir():
+            child.unlink()
+        self.directory.rmdir()
+
+    monkeypatch.setattr(PageStore, "write", write)
+    with pytest.raises(PagingError) as caught:
+        execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
+    assert "\n" not in str(caught.value) and "paging directory disappeared" in str(caught.value)
+    _assert_untouched(module, before, grads, tmp_path)
+
+
+def test_paging_files_are_private_and_removed(tmp_path, monkeypatch):
+    module, inputs, targets, graph, schedule, _, _ = _paging_setup()
+    modes = []
+    real_write = PageStore.write
+
+    def write(self, key, storage):
+        real_write(self, key, storage)
+        modes.append((self.directory.stat().st_mode & 0o777, self.path(key).stat().st_mode & 0o777))
+
+    monkeypatch.setattr(PageStore, "write", write)
+    execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
+    assert modes and set(modes) == {(0o700, 0o600)}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_schedule_that_drops_what_autograd_needs_is_refused():
+    """Free a convolution group before the backward pass that reads it: strict refuses with one line;
+    non-strict fetches it (a recompute) and counts it."""
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    ops = list(checkpoint_all_schedule(graph).ops)
+    conv = next(i for i, node in enumerate(graph.nodes) if node.kind.startswith("Conv2d"))
+    first_backward = next(k for k, op in enumerate(ops) if graph.nodes[op.node].is_backward)
+    ops = [op for op in ops if not (op.kind is OpKind.FREE and op.node == conv)]
+    ops.insert(first_backward - 1, poetlab.Op(OpKind.FREE, conv, ops[first_backward - 1].stage))
+    broken = poetlab.Schedule(graph.n_nodes, tuple(ops))
+    with pytest.raises(ExecutionError, match="does not hold"):
+        execute(copy.deepcopy(module), broken, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), measure_memory=False)
+    result = execute(copy.deepcopy(module), broken, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), strict=False, measure_memory=False)
+    assert result.n_unplanned > 0
+
+
+def test_graph_of_another_module_is_refused():
+    _, inputs, targets, graph, _ = _traced("resnet", True)
+    other = ResNet18(10, width=4)
+    with pytest.raises(ExecutionError, match="trace"):
+        execute(other, checkpoint_all_schedule(graph), (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss())
