@@ -1,0 +1,4 @@
+"""On-device training techniques beside POET, each in its own module that starts with its reference and
+what is and is not reproduced: :mod:`~poetlab.techniques.bittrain` (bitmap compression of saved
+activations), :mod:`~poetlab.techniques.sparse_update` (Tiny Training's sparse update, QAS and in-place
+updates), :mod:`~poetlab.techniques.compression` (compression as a fourth choice of the POET MILP)."""
