@@ -24,3 +24,13 @@ def residual(channels: int = 2, side: int = 4) -> TrainingGraph:
     b = net.conv2d(a, channels, channels, 3, 1, 1)
     net.cross_entropy(net.flatten(net.skip_add(a, b)), 4)
     return training_graph("residual", net, {"source": "test"})
+
+
+def convnet(channels: int = 8, side: int = 8, depth: int = 3) -> TrainingGraph:
+    """input -> (conv 3x3 -> ReLU) * depth -> flatten -> loss: a chain of convolutions."""
+    net = LayerList()
+    x = net.input((1, channels, side, side))
+    for _ in range(depth):
+        x = net.elementwise("relu", net.conv2d(x, channels, channels, 3, 1, 1))
+    net.cross_entropy(net.flatten(x), 4)
+    return training_graph("convnet", net, {"source": "test"})

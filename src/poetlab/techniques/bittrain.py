@@ -188,3 +188,99 @@ def shift_relu_density(module: nn.Module, bias: float) -> int:
                 layer.bias.fill_(bias)
                 changed += 1
     return changed
+
+
+@dataclass(frozen=True)
+class BitTrainMeasurement:
+    """One training step of a real model with and without BitTrain (same weights, same batch).
+
+    ``saved_bytes`` / ``stored_bytes``: the saved activations dense / as BitTrain keeps them;
+    ``peak_*_bytes``: the allocator's peak over the step (activations, gradients and temporaries;
+    the parameters, which exist before the step, are ``param_bytes``); ``*_time_s``: the median step
+    time of ``repeats`` steps; ``gradients_equal``: every parameter gradient bit-identical."""
+
+    model: str
+    batch_size: int
+    relu_bias: float
+    mean_relu_density: float
+    saved_bytes: int
+    stored_bytes: int
+    n_compressed: int
+    n_dense: int
+    peak_plain_bytes: int
+    peak_bittrain_bytes: int
+    param_bytes: int
+    plain_time_s: float
+    bittrain_time_s: float
+    gradients_equal: bool
+
+    @property
+    def activation_reduction(self) -> float:
+        return 1.0 - self.stored_bytes / self.saved_bytes
+
+    @property
+    def training_memory_reduction(self) -> float:
+        """Reduction of (parameters + the step's allocator peak): BitTrain's 'memory footprint'."""
+        return 1.0 - (self.param_bytes + self.peak_bittrain_bytes) / (self.param_bytes + self.peak_plain_bytes)
+
+    @property
+    def time_overhead(self) -> float:
+        return self.bittrain_time_s / self.plain_time_s - 1.0
+
+
+def measure_bittrain(model: str = "resnet18_cifar_torch", batch_size: int = 8, relu_bias: float = 0.0, seed: int = 0, repeats: int = 3) -> BitTrainMeasurement:
+    """Train one step of the kit's torch model ``model`` with and without BitTrain and compare."""
+    import statistics
+
+    from poetlab.techniques.memory import measure_peak_bytes, parameter_bytes
+    from poetlab.torch_models import build_torch_model
+
+    built = build_torch_model(model, batch_size, seed)
+    module = built.module
+    shift_relu_density(module, relu_bias)
+    relu_densities: list[float] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: relu_densities.append(float(torch.count_nonzero(out)) / out.numel())) for m in module.modules() if isinstance(m, (nn.ReLU, nn.ReLU6))]
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            built.loss_fn(module(built.inputs), built.targets).backward()
+
+    step()
+    for handle in hooks:
+        handle.remove()
+    plain_grads = [p.grad.clone() for p in module.parameters()]
+    peak_plain = measure_peak_bytes(step).peak_bytes
+    stats = BitTrainStats()
+    with bittrain(stats=stats):
+        peak_bittrain = measure_peak_bytes(step).peak_bytes
+    gradients_equal = all(torch.equal(a, p.grad) for a, p in zip(plain_grads, module.parameters(), strict=True))
+
+    def median_time(use: bool) -> float:
+        times = []
+        for _ in range(repeats):
+            context = bittrain() if use else contextlib.nullcontext()
+            with context:
+                started = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    plain_time, bittrain_time = median_time(False), median_time(True)
+    return BitTrainMeasurement(
+        model=model,
+        batch_size=batch_size,
+        relu_bias=relu_bias,
+        mean_relu_density=sum(relu_densities) / max(1, len(relu_densities)),
+        saved_bytes=stats.saved_bytes,
+        stored_bytes=stats.stored_bytes,
+        n_compressed=stats.n_compressed,
+        n_dense=stats.n_dense,
+        peak_plain_bytes=peak_plain,
+        peak_bittrain_bytes=peak_bittrain,
+        param_bytes=parameter_bytes(module),
+        plain_time_s=plain_time,
+        bittrain_time_s=bittrain_time,
+        gradients_equal=gradients_equal,
+    )

@@ -343,3 +343,74 @@ def apply_qas_(weights: Sequence[Int8Weight]) -> None:
     for w in weights:
         if w.w_int.grad is not None:
             w.w_int.grad.mul_(w.scale**-2)
+
+
+# ---- measuring a scheme on a real model ---------------------------------------------------------------
+
+
+def parse_scheme(spec: str, module: nn.Module) -> SparseUpdateScheme:
+    """``full``, ``bias-only``, ``last-K`` or ``sparse`` (:func:`tiny_training_scheme`) for ``module``."""
+    n = len(updatable_layers(module))
+    if spec == "full":
+        return SparseUpdateScheme.full_update()
+    if spec == "bias-only":
+        return SparseUpdateScheme.bias_only()
+    if spec == "sparse":
+        return tiny_training_scheme(module)
+    if spec.startswith("last-") and spec[5:].isdigit():
+        return SparseUpdateScheme.last_k(n, int(spec[5:]))
+    raise InvalidArgumentError(f"unknown sparse-update scheme {spec!r}; valid: full, bias-only, last-K (K in 1..{n}), sparse")
+
+
+@dataclass(frozen=True)
+class SchemeMeasurement:
+    """One training step (forward, backward, SGD update) of a real model under a scheme, measured from
+    the allocator. ``step_peak_bytes``: the peak over the whole step of what the step allocated
+    (activations, gradients, temporaries, kernel workspaces), excluding the parameters and the input
+    batch, which exist before it; ``backward_peak_bytes``: the same peak restricted to the backward
+    pass and update (what sparse update and in-place updates act on); ``trainable_param_bytes``: the
+    parameters that must sit in RAM to be updated (Tiny Training keeps frozen weights in flash)."""
+
+    scheme: str
+    inplace: bool
+    step_peak_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+    trainable_param_bytes: int
+    cost: SchemeMemory
+
+
+def measure_scheme(module: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, scheme: SparseUpdateScheme, inplace: bool = False, lr: float = 0.01) -> SchemeMeasurement:
+    """Set ``module`` up for ``scheme`` (a copy), run two training steps and measure the second."""
+    from poetlab.techniques.memory import measure_peak_bytes, phase
+
+    model = apply_scheme(module, scheme)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=lr)
+    handles = inplace_sgd(params, lr) if inplace else []
+
+    def step() -> None:
+        with phase("forward"):
+            loss = F.cross_entropy(model(inputs), targets)
+        with phase("backward"):
+            loss.backward()
+            if not inplace:
+                optimizer.step()
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(2):
+                optimizer.zero_grad(set_to_none=True)
+                measured = measure_peak_bytes(step)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return SchemeMeasurement(
+        scheme=scheme.name,
+        inplace=inplace,
+        step_peak_bytes=measured.peak_bytes,
+        forward_peak_bytes=measured.phase_peak("forward"),
+        backward_peak_bytes=measured.phase_peak("backward"),
+        trainable_param_bytes=sum(p.numel() * p.element_size() for p in params),
+        cost=scheme_memory_bytes(model, inputs, scheme.name),
+    )
