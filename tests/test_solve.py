@@ -184,3 +184,20 @@ def test_staged_and_unstaged_reach_the_same_optimum():
     assert staged.status == direct.status == "optimal"
     assert staged.energy_j == pytest.approx(direct.energy_j, rel=2e-4)
     _replays(direct, graph, costs)
+
+
+def test_a_given_start_bounds_the_result_even_at_a_short_time_limit():
+    """A start of the user's own is never thrown away by a short solve; a start over the budget is
+    ignored, not an error."""
+    from poetlab.heuristics import greedy_remat_schedule
+
+    graph, costs, peak = _setup("resnet18_cifar", "m4")
+    budget = int(0.7 * peak)
+    start = greedy_remat_schedule(graph, costs, budget, 2.0 * costs.plain_step_runtime_s)
+    start_energy = simulate(start, graph, costs, ram_budget_bytes=budget).energy_j
+    too_big = checkpoint_all_schedule(graph)  # does not fit the budget
+    poet = solve(graph, costs, budget, 2.0, time_limit_s=1.0, threads=1, staged=False, starts=[too_big, start])
+    assert poet.schedule is not None
+    _replays(poet, graph, costs)
+    assert poet.energy_j <= start_energy * (1 + 1e-12)
+    assert poet.bound_j <= poet.energy_j * (1 + 1e-12)

@@ -8,10 +8,11 @@ The steps, each cheap before the expensive one:
 3. Every node must be computed at least once, so the energy of one plain step is a lower bound for
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
-4. Otherwise build the POET MILP and solve it, started from the cheaper of two greedy schedules
-   (:mod:`poetlab.heuristics`: paging only, remat only) so that a solve stopped by its time limit still
-   has a valid schedule. The schedule it returns is replayed by the simulator, whose energy, runtime and
-   peak are what we report; the solver's own objective is kept only to show that the two agree.
+4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`) so
+   that a solve stopped by its time limit still has a valid schedule, never worse than those. The
+   schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
+   the solver's own objective is kept only to show that the two agree.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import math
 import numbers
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +132,7 @@ def solve(
     threads: int | None = None,
     verbose: bool = False,
     staged: bool = True,
+    starts: Sequence[Schedule] = (),
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
@@ -145,6 +148,10 @@ def solve(
     time limit (so a compression solve given twice POET's limit starts from exactly POET's answer),
     and its schedule, which is feasible for the larger problem, starts it: the
     answer is never worse than POET's.
+
+    ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
+    from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
+    staged starts. The result is never more expensive than the best start, time limit or not.
     """
     _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
     if compression and costs.compression is None:
@@ -223,7 +230,7 @@ def solve(
         plain = solve(
             graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
             charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
-            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged,
+            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts,
         )
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
@@ -239,17 +246,29 @@ def solve(
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
             if restricted.simulation is not None and (start_sim is None or restricted.energy_j < start_sim.energy_j):
                 start, start_sim = restricted.schedule, restricted.simulation
+    for given in starts:
+        try:
+            given_sim = replay(given)
+        except InvalidScheduleError as exc:
+            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
+            continue
+        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
+            start, start_sim = given, given_sim
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s))
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
         start=None if start is None else model.encode(start.matrices().as_dict()),
     )
     bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
-    if answer.x is None and start is not None and answer.status != "infeasible":
-        log.info("the solver found nothing better than the greedy start within its time limit; returning that")
+
+    def start_result() -> SolveResult:
+        log.info("the solver found nothing better than the start within its time limit; returning that")
         gap = relative_gap(start_sim.energy_j, bound)
-        message = f"time limit of {time_limit_s:g} s reached; returning the greedy start schedule, gap {gap:.3%}"
+        message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
         return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
+
+    if answer.x is None and start is not None and answer.status != "infeasible":
+        return start_result()
     if answer.x is None:
         if answer.status == "infeasible":
             runtime = "" if runtime_budget_factor is None else f" within {runtime_budget_factor:g}x the plain-step runtime"
@@ -267,6 +286,8 @@ def solve(
         sim = replay(schedule)
     except InvalidScheduleError as exc:
         raise PoetlabError(f"the {answer.solver} solution does not replay ({exc}); this is a poetlab bug, please report it") from exc
+    if answer.status != "optimal" and start_sim is not None and sim.energy_j > start_sim.energy_j:
+        return start_result()  # the solver did not keep the start (one it could not encode) as its incumbent
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
     gap = relative_gap(sim.energy_j, bound)
@@ -279,24 +300,39 @@ def solve(
 
 
 def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) -> tuple[Schedule | None, SimulationResult | None]:
-    """The cheaper of the greedy paging and greedy remat schedules that the options allow and that
-    replay within the budgets, or (None, None)."""
+    """The cheapest of the quick schedules that the options allow and that replay within the budgets,
+    or (None, None): greedy paging, greedy remat, and the dynamic planners DTR (remat) and Capuchin
+    (remat and paging), which take milliseconds and are often close to the optimum at tight budgets,
+    where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
+    to improve on the best of them; the methods stay independent baselines in the comparison too."""
+    # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
+    from poetlab.baselines import capuchin, dtr
+    from poetlab.baselines.base import Budgets, CannotMeetBudget
+
     budget = options.ram_budget_bytes - (2 * graph.param_bytes if options.params_in_budget else 0)
+    budgets = Budgets(budget, options.runtime_budget_factor)
     candidates = []
     if options.paging:
-        candidates.append(("paging", greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
+        candidates.append(("greedy paging", lambda: greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
     if options.remat:
-        candidates.append(("remat", greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
+        candidates.append(("greedy remat", lambda: greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
+        candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
+    if options.remat and options.paging:
+        candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
-    for name, schedule in candidates:
+    for name, make in candidates:
+        try:
+            schedule = make()
+        except CannotMeetBudget:
+            schedule = None
         if schedule is None:
             continue
         try:
             sim = replay(schedule)
         except InvalidScheduleError as exc:
-            log.info("greedy %s start does not replay (%s)", name, exc)
+            log.info("%s start does not replay (%s)", name, exc)
             continue
-        log.info("greedy %s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
+        log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
         if best[1] is None or sim.energy_j < best[1].energy_j:
             best = (schedule, sim)
     return best

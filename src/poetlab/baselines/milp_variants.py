@@ -11,6 +11,7 @@ in the levers alone. :func:`solve_variant` keeps the solver's status and gap for
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
 
 from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
@@ -28,11 +29,16 @@ MILP_VARIANTS: MappingProxyType[str, MappingProxyType[str, bool]] = MappingProxy
 )
 
 
-def solve_variant(variant: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> SolveResult:
-    """Solve the MILP with the levers of ``variant`` (a key of :data:`MILP_VARIANTS`)."""
+def solve_variant(
+    variant: str, graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions(),
+    starts: Sequence[Schedule] = (),
+) -> SolveResult:
+    """Solve the MILP with the levers of ``variant`` (a key of :data:`MILP_VARIANTS`). Given ``starts``
+    (schedules that fit the same budgets), POET starts from the best of them instead of solving the
+    one-lever problems itself first (see :func:`poetlab.solve`)."""
     return solve(
         graph, costs, budgets.ram_bytes, budgets.runtime_factor,
-        time_limit_s=options.time_limit_s, threads=options.threads, **MILP_VARIANTS[variant],
+        time_limit_s=options.time_limit_s, threads=options.threads, staged=not starts, starts=starts, **MILP_VARIANTS[variant],
     )
 
 
