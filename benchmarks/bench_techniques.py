@@ -11,7 +11,7 @@
 - accuracy: digits transfer (pretrain on 0-4, fine-tune on 5-9) under full, bias-only, last-1, sparse.
 - milp: VGG-16 (CIFAR) paper graph with backward inputs as autograd saves them, densities measured on
   the torch twin, on the Cortex-M4 and the A72: POET vs POET + compression at a few budgets, and the
-  frontier with sparse update (layers before forward node 24 frozen); plus the release's graph on the
+  frontier with sparse update (layers before forward node 10 frozen); plus the release's graph on the
   M4, where keeping a ReLU output compressed is never better than recomputing it.
 """
 
@@ -72,8 +72,9 @@ def bench_milp(quick: bool, time_limit_s: float) -> list[dict]:
     built = build_torch_model("vgg16_cifar_torch", 1, 0)
     measured = measure_densities(built.module, built.inputs)
     rows = []
-    cases = [("saved", "m4"), ("saved", "a72"), ("release", "m4")]
-    for graph_kind, platform_name in cases[:1] if quick else cases:
+    # (graph, platform, budget fractions between the footprint and checkpoint-all's peak, first trained node)
+    cases = [("saved", "m4", (0.25, 0.5), 10), ("saved", "a72", (0.25,), None), ("release", "m4", (0.25,), None)]
+    for graph_kind, platform_name, fractions, first_trained in cases[:1] if quick else cases:
         release = build_paper_graph("vgg16_cifar")
         graph = saved_tensor_graph(release) if graph_kind == "saved" else release
         platform = load_platform(platform_name)
@@ -81,12 +82,11 @@ def bench_milp(quick: bool, time_limit_s: float) -> list[dict]:
         costs = CostModel.from_flops(graph, platform)
         peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
         footprint, _ = min_footprint_bytes(graph)
-        fractions = (0.25,) if quick else (0.1, 0.25, 0.5, 0.75)
         budgets = [int(footprint + f * (peak - footprint)) for f in fractions]
-        table = frontier_table(graph, platform, densities, budgets, 2.0, first_trained=24 if graph_kind == "saved" and platform_name == "m4" else None, time_limit_s=time_limit_s)
+        table = frontier_table(graph, platform, densities, budgets, 2.0, first_trained=first_trained, time_limit_s=time_limit_s)
         for row in table.to_dict("records"):
-            rows.append({**row, "graph": graph_kind, "checkpoint_all_peak_bytes": peak, "footprint_bytes": footprint, "plain_step_energy_j": costs.plain_step_energy_j})
-        print(table[["method", "ram_budget_bytes", "status", "energy_j", "n_compresses", "n_recomputes", "n_pageouts", "mip_gap"]].assign(graph=graph_kind, platform=platform_name).to_string())
+            rows.append({**row, "graph": graph_kind, "checkpoint_all_peak_bytes": peak, "footprint_bytes": footprint, "plain_step_energy_j": costs.plain_step_energy_j, "first_trained": first_trained})
+        print(table[["method", "ram_budget_bytes", "status", "energy_j", "n_compresses", "n_recomputes", "n_pageouts", "mip_gap"]].assign(graph=graph_kind, platform=platform_name).to_string(), flush=True)
     return rows
 
 

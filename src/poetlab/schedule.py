@@ -107,31 +107,26 @@ class Schedule:
         in_ram = np.zeros(T, dtype=bool)
         on_flash = np.zeros(T, dtype=bool)
         compressed = np.zeros(T, dtype=bool)
+        # what each operation marks in the view, and the state it sets: (matrix or None, state, value)
+        effects = {
+            OpKind.COMPUTE: (R, in_ram, True),
+            OpKind.FREE: (None, in_ram, False),
+            OpKind.PAGE_OUT: (M_OUT, on_flash, True),
+            OpKind.PAGE_IN: (M_IN, in_ram, True),
+            OpKind.COMPRESS: (M_CMP, compressed, True),
+            OpKind.DECOMPRESS: (M_DCMP, in_ram, True),
+            OpKind.FREE_COMPRESSED: (None, compressed, False),
+        }
         current = 0
         S_RAM[0], S_SSD[0] = in_ram, on_flash
         for op in self.ops:
             while current < op.stage:
                 current += 1
                 S_RAM[current], S_SSD[current], S_CMP[current] = in_ram, on_flash, compressed
-            if op.kind is OpKind.COMPUTE:
-                R[op.stage, op.node] = True
-                in_ram[op.node] = True
-            elif op.kind is OpKind.FREE:
-                in_ram[op.node] = False
-            elif op.kind is OpKind.PAGE_OUT:
-                M_OUT[op.stage, op.node] = True
-                on_flash[op.node] = True
-            elif op.kind is OpKind.PAGE_IN:
-                M_IN[op.stage, op.node] = True
-                in_ram[op.node] = True
-            elif op.kind is OpKind.COMPRESS:
-                M_CMP[op.stage, op.node] = True
-                compressed[op.node] = True
-            elif op.kind is OpKind.DECOMPRESS:
-                M_DCMP[op.stage, op.node] = True
-                in_ram[op.node] = True
-            else:
-                compressed[op.node] = False
+            mark, state, value = effects[op.kind]
+            if mark is not None:
+                mark[op.stage, op.node] = True
+            state[op.node] = value
         while current + 1 < stages:
             current += 1
             S_RAM[current], S_SSD[current], S_CMP[current] = in_ram, on_flash, compressed
@@ -339,23 +334,24 @@ def simulate(
                     raise InvalidScheduleError(step, op, "compresses a tensor that is not in RAM or is already compressed")
                 compressed[i] = True
                 used += int(compression.compressed_bytes[i])
-                compression_energy += compression.compress_energy_j[i]
-                compression_time += compression.compress_time_s[i]
+                energy, seconds = compression.compress_energy_j, compression.compress_time_s
                 n_compresses += 1
             elif op.kind is OpKind.DECOMPRESS:
                 if not compressed[i]:
                     raise InvalidScheduleError(step, op, "decompresses a tensor that has no compressed copy")
-                if not in_ram[i]:
-                    used += int(nbytes[i])
-                    in_ram[i] = True
-                compression_energy += compression.decompress_energy_j[i]
-                compression_time += compression.decompress_time_s[i]
+                used += 0 if in_ram[i] else int(nbytes[i])
+                in_ram[i] = True
+                energy, seconds = compression.decompress_energy_j, compression.decompress_time_s
                 n_decompresses += 1
             else:
                 if not compressed[i]:
                     raise InvalidScheduleError(step, op, "frees a compressed copy that does not exist")
                 compressed[i] = False
                 used -= int(compression.compressed_bytes[i])
+                energy = seconds = None
+            if energy is not None:
+                compression_energy += energy[i]
+                compression_time += seconds[i]
         else:
             if not on_flash[i]:
                 raise InvalidScheduleError(step, op, "pages in a tensor that was never paged out")
