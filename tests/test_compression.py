@@ -150,3 +150,24 @@ def test_saved_tensor_graph_reads_what_autograd_saves():
     assert conv_relu.inputs[0] == 2 and 1 not in conv_relu.inputs
     assert relu_conv.inputs[0] == 2 and 3 not in relu_conv.inputs
     assert np.array_equal(graph.output_bytes, convnet(4, 4, 2).output_bytes)
+
+
+def test_frontier_table_and_figure(tmp_path):
+    from poetlab.plotting import save_figure
+    from poetlab.techniques.frontier import frontier_figure, frontier_table
+
+    graph = saved_tensor_graph(convnet(8, 8, 3))
+    platform = load_platform("m4")
+    densities = {i: 0.3 for i, node in enumerate(graph.nodes) if node.kind == "relu"}
+    costs = CostModel.from_flops(graph, platform)
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    footprint, _ = min_footprint_bytes(graph)
+    budgets = [footprint + f * (peak - footprint) for f in (0.3, 1.0)]
+    table = frontier_table(graph, platform, densities, budgets, first_trained=3, time_limit_s=30, mip_gap=0.0)
+    assert set(table.method) == {"poet", "poet+compression", "sparse update"} and table.feasible.all()
+    energy = table.set_index(["method", "ram_budget_bytes"]).energy_j
+    assert energy["poet+compression", budgets[0]] < energy["poet", budgets[0]]
+    assert energy["poet+compression", budgets[1]] == energy["poet", budgets[1]]  # checkpoint-all fits
+    assert energy["sparse update", budgets[0]] < energy["poet", budgets[0]]
+    path = save_figure(frontier_figure(table), tmp_path / "frontier.png")
+    assert path.stat().st_size > 0
