@@ -9,7 +9,7 @@
   the Tiny-Training-shaped sparse scheme, with and without in-place updates: allocator peaks (whole
   step, forward, backward), trainable parameter bytes, the scheme's memory cost function.
 - accuracy: digits transfer (pretrain on 0-4, fine-tune on 5-9) under full, bias-only, last-1, sparse.
-- milp: VGG-16 (CIFAR) paper graph with backward inputs as autograd saves them, densities measured on
+- milp: a small conv chain (optimal solves), and the VGG-16 (CIFAR) paper graph with backward inputs as autograd saves them, densities measured on
   the torch twin, on the Cortex-M4 and the A72: POET vs POET + compression at a few budgets, and the
   frontier with sparse update (layers before forward node 10 frozen); plus the release's graph on the
   M4, where keeping a ReLU output compressed is never better than recomputing it.
@@ -36,6 +36,7 @@ from poetlab.techniques.sparse_update import measure_scheme, parse_scheme
 from poetlab.techniques.transfer import digits_transfer
 from poetlab.techniques.transforms import saved_tensor_graph
 from poetlab.torch_models import build_torch_model
+from poetlab.paper_models import conv_chain_graph
 
 
 def bench_bittrain(quick: bool) -> list[dict]:
@@ -72,6 +73,16 @@ def bench_milp(quick: bool, time_limit_s: float) -> list[dict]:
     built = build_torch_model("vgg16_cifar_torch", 1, 0)
     measured = measure_densities(built.module, built.inputs)
     rows = []
+    # a small conv chain (three 3x3 convs, 8 channels, 8x8) whose MILPs solve to optimality, ReLU density 0.3
+    small = saved_tensor_graph(conv_chain_graph(8, 8, 3))
+    m4 = load_platform("m4")
+    small_costs = CostModel.from_flops(small, m4)
+    peak = simulate(checkpoint_all_schedule(small), small, small_costs).peak_ram_bytes
+    footprint, _ = min_footprint_bytes(small)
+    budgets = [int(footprint + f * (peak - footprint)) for f in (0.3, 0.6, 1.0)]
+    table = frontier_table(small, m4, {i: 0.3 for i, n in enumerate(small.nodes) if n.kind == "relu"}, budgets, 2.0, first_trained=3, time_limit_s=time_limit_s, mip_gap=0.0)
+    rows += [{**row, "graph": "saved", "checkpoint_all_peak_bytes": peak, "footprint_bytes": footprint, "plain_step_energy_j": small_costs.plain_step_energy_j, "first_trained": 3} for row in table.to_dict("records")]
+    print(table[["method", "ram_budget_bytes", "status", "energy_j", "n_compresses", "n_recomputes", "n_pageouts", "mip_gap"]].to_string(), flush=True)
     # (graph, platform, budget fractions between the footprint and checkpoint-all's peak, first trained node)
     cases = [("saved", "m4", (0.25, 0.5), 10), ("saved", "a72", (0.25,), None), ("release", "m4", (0.25,), None)]
     for graph_kind, platform_name, fractions, first_trained in cases[:1] if quick else cases:

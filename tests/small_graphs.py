@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from poetlab.graph import TrainingGraph
-from poetlab.paper_models import LayerList, training_graph
+from poetlab.paper_models import LayerList, conv_chain_graph, training_graph
 
 
 def mlp(widths: tuple[int, ...] = (8, 16, 4), batch: int = 1) -> TrainingGraph:
@@ -26,11 +26,7 @@ def residual(channels: int = 2, side: int = 4) -> TrainingGraph:
     return training_graph("residual", net, {"source": "test"})
 
 
+
 def convnet(channels: int = 8, side: int = 8, depth: int = 3) -> TrainingGraph:
     """input -> (conv 3x3 -> ReLU) * depth -> flatten -> loss: a chain of convolutions."""
-    net = LayerList()
-    x = net.input((1, channels, side, side))
-    for _ in range(depth):
-        x = net.elementwise("relu", net.conv2d(x, channels, channels, 3, 1, 1))
-    net.cross_entropy(net.flatten(x), 4)
-    return training_graph("convnet", net, {"source": "test"})
+    return conv_chain_graph(channels, side, depth)

@@ -123,3 +123,4 @@ def densities_for_graph(graph: TrainingGraph, measured: Mapping[str, Sequence[fl
                 position = 0 if len(nodes) == 1 else rank / (len(nodes) - 1)
                 out[index] = float(values[round(position * (len(values) - 1))])
     return out
+
