@@ -145,9 +145,9 @@ def solve(
 
     With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
     RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
-    time limit (so a compression solve given twice POET's limit starts from exactly POET's answer),
-    and its schedule, which is feasible for the larger problem, starts it: the
-    answer is never worse than POET's.
+    time limit, and its schedule, which is feasible for the larger problem, starts it: the answer is
+    never worse than that POET solve. (Two time-limited solves are not bit-for-bit repeatable, so a
+    separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and

@@ -38,8 +38,9 @@ def frontier_table(
     threads: int | None = 1,
 ) -> pd.DataFrame:
     """One row per (method, budget). The compression solve gets twice ``time_limit_s`` and starts from
-    POET's answer at the same limit, so its energy is never above POET's; sparse update is left out
-    when ``first_trained`` is None."""
+    its own POET solve at ``time_limit_s``, so it is never above that solve (a separate time-limited POET
+    row may differ a little; optimal ones agree); sparse update is left out when ``first_trained`` is
+    None."""
     costs = CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities, margin))
     cases: list[tuple[str, TrainingGraph, CostModel, bool, float]] = [
         ("poet", graph, costs, False, time_limit_s),
