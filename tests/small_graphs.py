@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from poetlab.graph import TrainingGraph
-from poetlab.paper_models import LayerList, training_graph
+from poetlab.paper_models import LayerList, conv_chain_graph, training_graph
 
 
 def mlp(widths: tuple[int, ...] = (8, 16, 4), batch: int = 1) -> TrainingGraph:
@@ -24,3 +24,9 @@ def residual(channels: int = 2, side: int = 4) -> TrainingGraph:
     b = net.conv2d(a, channels, channels, 3, 1, 1)
     net.cross_entropy(net.flatten(net.skip_add(a, b)), 4)
     return training_graph("residual", net, {"source": "test"})
+
+
+
+def convnet(channels: int = 8, side: int = 8, depth: int = 3) -> TrainingGraph:
+    """input -> (conv 3x3 -> ReLU) * depth -> flatten -> loss: a chain of convolutions."""
+    return conv_chain_graph(channels, side, depth)

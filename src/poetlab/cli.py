@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from poetlab import __version__
 from poetlab._io import write_text_atomic
@@ -118,8 +119,35 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, costs: CostModel) -> tuple[TrainingGraph, CostModel]:
+    """Apply ``--freeze-before`` (sparse update as a graph transformation) and ``--compress`` (compression
+    costs from densities: measured on the model's torch counterpart, or ``--density`` for all)."""
+    if args.freeze_before is None and not args.compress:
+        return graph, costs
+    from poetlab.techniques import compression as comp
+    from poetlab.techniques.transforms import sparse_update_graph
+
+    if args.freeze_before is not None:
+        graph = sparse_update_graph(graph, args.freeze_before)
+        costs = CostModel.from_flops(graph, load_platform(args.platform, args.platform_dir))
+    if args.compress:
+        if args.density is not None:
+            densities = {i: args.density for i, node in enumerate(graph.nodes) if node.kind in comp.SPARSE_KINDS and not node.is_backward}
+        else:
+            from poetlab.torch_models import TORCH_MODELS, build_torch_model
+
+            twin = f"{args.model}_torch"
+            if twin not in TORCH_MODELS:
+                raise InvalidArgumentError(f"no torch model {twin!r} to measure densities on; give --density D (0 < D < 1)")
+            built = build_torch_model(twin, args.batch_size, 0)
+            densities = comp.densities_for_graph(graph, comp.measure_densities(built.module, built.inputs))
+        costs = costs.with_compression(comp.compression_costs(graph, load_platform(args.platform, args.platform_dir), densities, margin=args.density_margin))
+    return graph, costs
+
+
 def _cmd_solve(args: argparse.Namespace) -> int:
     graph, costs = _graph_and_costs(args)
+    graph, costs = _technique_graph_and_costs(args, graph, costs)
     result = solve(
         graph,
         costs,
@@ -130,6 +158,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         count_paging_time=args.count_paging_time,
         charge_pagein=args.charge_pagein,
         params_in_budget=args.params_in_budget,
+        compression=args.compress,
         solver=args.solver,
         time_limit_s=args.time_limit,
         mip_gap=args.mip_gap,
@@ -150,7 +179,9 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             f"POET {result.status} ({result.solver}, {result.solve_time_s:.2f} s): {result.energy_j:.10g} J "
             f"= {result.compute_energy_j:.10g} J compute + {result.pagein_energy_j + result.pageout_energy_j:.6g} J paging; "
             f"peak {result.peak_ram_bytes:,} of {int(args.ram_budget):,} bytes; runtime {result.runtime_s:.6g} s; "
-            f"{result.n_recomputes} recomputes, {result.n_pageouts} page-outs; gap {result.mip_gap:.2e}"
+            f"{result.n_recomputes} recomputes, {result.n_pageouts} page-outs"
+            + (f", {result.n_compresses} compressions ({result.compression_energy_j:.6g} J)" if args.compress else "")
+            + f"; gap {result.mip_gap:.2e}"
         )
         if result.status != "optimal":
             print(result.message)
@@ -212,6 +243,48 @@ def _positive_float(text: str) -> float:
     if not (value > 0 and value != float("inf")):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}")
+    return value
+
+
+def _cmd_bittrain(args: argparse.Namespace) -> int:
+    from poetlab.techniques.bittrain import measure_bittrain
+
+    m = measure_bittrain(args.model, args.batch_size, args.relu_bias)
+    if args.json:
+        print(json.dumps({**asdict(m), "activation_reduction": m.activation_reduction, "training_memory_reduction": m.training_memory_reduction, "time_overhead": m.time_overhead}, indent=2))
+        return 0
+    print(
+        f"BitTrain on {m.model} (batch {m.batch_size}, mean ReLU density {m.mean_relu_density:.3f}): saved activations "
+        f"{m.saved_bytes:,} -> {m.stored_bytes:,} bytes ({m.activation_reduction:.1%} less; {m.n_compressed} compressed, {m.n_dense} dense); "
+        f"parameters + step peak {m.param_bytes + m.peak_plain_bytes:,} -> {m.param_bytes + m.peak_bittrain_bytes:,} bytes "
+        f"({m.training_memory_reduction:.1%} less); step time {m.plain_time_s:.3f} -> {m.bittrain_time_s:.3f} s ({m.time_overhead:+.0%}); "
+        f"gradients {'identical' if m.gradients_equal else 'DIFFERENT'}"
+    )
+    return 0 if m.gradients_equal else 1
+
+
+def _cmd_sparse_update(args: argparse.Namespace) -> int:
+    from poetlab.techniques.sparse_update import measure_scheme, parse_scheme
+    from poetlab.torch_models import build_torch_model
+
+    built = build_torch_model(args.model, args.batch_size, 0)
+    scheme = parse_scheme(args.scheme, built.module)
+    m = measure_scheme(built.module, built.inputs, built.targets, scheme, inplace=args.inplace)
+    if args.json:
+        print(json.dumps({**asdict(m), "cost": {**asdict(m.cost), "total_bytes": m.cost.total_bytes}}, indent=2))
+        return 0
+    print(
+        f"{scheme.name}{' + in-place' if m.inplace else ''} on {args.model} (batch {args.batch_size}): step peak {m.step_peak_bytes:,} bytes "
+        f"(forward {m.forward_peak_bytes:,}, backward {m.backward_peak_bytes:,}); trainable parameters {m.trainable_param_bytes:,} bytes; "
+        f"cost function {m.cost.total_bytes:,} bytes ({m.cost.saved_activation_bytes:,} saved activations + {m.cost.gradient_bytes:,} gradients)"
+    )
+    return 0
 
 
 def _cmd_platforms(args: argparse.Namespace) -> int:
@@ -290,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--count-paging-time", action="store_true", help="fix: count paging time in the runtime budget")
     solve.add_argument("--charge-pagein", action="store_true", help="fix: a tensor being paged in holds RAM during its stage (prefetch)")
     solve.add_argument("--params-in-budget", action="store_true", help="fix: parameters and gradients count against the RAM budget")
+    solve.add_argument("--compress", action="store_true", help="also allow keeping sparse tensors compressed (BitTrain's bitmap format) as a fourth choice")
+    solve.add_argument("--density", type=_fraction, default=None, metavar="D", help="with --compress: density of every ReLU / max-pool output (default: measured on the model's torch twin)")
+    solve.add_argument("--density-margin", type=float, default=0.1, metavar="M", help="with --compress: plan for densities this fraction above the profile (default 0.1)")
+    solve.add_argument("--freeze-before", type=_positive_int, default=None, metavar="N", help="sparse update: freeze the layers before forward node N (the backward pass stops there)")
     solve.add_argument("--solver", default="auto", help="auto (Gurobi when its license covers the model, else HiGHS), highs or gurobi")
     solve.add_argument("--time-limit", type=_positive_float, default=600.0, metavar="S", help="solver time limit in seconds (default 600)")
     solve.add_argument("--mip-gap", type=float, default=1e-4, metavar="G", help="relative MIP gap to stop at (default 1e-4)")
@@ -312,6 +389,22 @@ def build_parser() -> argparse.ArgumentParser:
     platforms = commands.add_parser("platforms", help="list the platforms")
     platforms.add_argument("--platform-dir", default=None, help="directory of platform YAML files")
     platforms.set_defaults(run=_cmd_platforms)
+
+    technique = commands.add_parser("technique", help="measure BitTrain or Tiny Training's sparse update on a real PyTorch model")
+    kinds = technique.add_subparsers(dest="technique", required=True, metavar="TECHNIQUE")
+    bit = kinds.add_parser("bittrain", help="one training step with and without bitmap compression of saved activations")
+    bit.add_argument("--model", default="resnet18_cifar_torch", help="torch model (default resnet18_cifar_torch)")
+    bit.add_argument("--batch-size", type=_positive_int, default=8)
+    bit.add_argument("--relu-bias", type=float, default=0.0, help="BatchNorm bias before each ReLU: negative makes activations sparser (default 0)")
+    bit.add_argument("--json", action="store_true", help="print one JSON object")
+    bit.set_defaults(run=_cmd_bittrain)
+    sparse = kinds.add_parser("sparse-update", help="peak memory of one training step under a sparse-update scheme")
+    sparse.add_argument("--model", default="mobilenetv2_torch", help="torch model (default mobilenetv2_torch: width 0.35, 128x128)")
+    sparse.add_argument("--batch-size", type=_positive_int, default=1)
+    sparse.add_argument("--scheme", default="sparse", help="full, bias-only, last-K or sparse (default sparse)")
+    sparse.add_argument("--inplace", action="store_true", help="apply each SGD update during backward and free its gradient at once")
+    sparse.add_argument("--json", action="store_true", help="print one JSON object")
+    sparse.set_defaults(run=_cmd_sparse_update)
 
     models = commands.add_parser("models", help="list the models (paper layer lists and traced torch models)")
     models.set_defaults(run=_cmd_models)

@@ -8,7 +8,7 @@ cost model (measured per-node times) can stand in for the flop model without tou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,8 +22,37 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, eq=False)
+class CompressionCosts:
+    """What keeping each node's output compressed costs (the fourth choice beside keep, recompute and
+    page; see :mod:`poetlab.techniques.compression`). Arrays indexed like the graph's nodes:
+    ``allowed`` says which outputs may be compressed, ``compressed_bytes`` their size once compressed
+    (a safety margin already included), and the time and energy of compressing and decompressing."""
+
+    allowed: np.ndarray
+    compressed_bytes: np.ndarray
+    compress_time_s: np.ndarray
+    compress_energy_j: np.ndarray
+    decompress_time_s: np.ndarray
+    decompress_energy_j: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed", _readonly(np.array(self.allowed, dtype=bool)))
+        object.__setattr__(self, "compressed_bytes", _readonly(np.array(self.compressed_bytes, dtype=np.int64)))
+        sizes = {self.allowed.shape[0], self.compressed_bytes.shape[0]}
+        for name in ("compress_time_s", "compress_energy_j", "decompress_time_s", "decompress_energy_j"):
+            array = np.array(getattr(self, name), dtype=np.float64)
+            if array.ndim != 1 or not np.all(np.isfinite(array)) or np.any(array < 0):
+                raise ValueError(f"compression cost array {name} must be one-dimensional, finite and non-negative")
+            object.__setattr__(self, name, _readonly(array))
+            sizes.add(array.shape[0])
+        if len(sizes) != 1 or np.any(self.compressed_bytes < 0):
+            raise ValueError("compression cost arrays must have one non-negative entry per node")
+
+
+@dataclass(frozen=True, eq=False)
 class CostModel:
-    """Per-node costs, each a read-only float64 array indexed like the graph's nodes."""
+    """Per-node costs, each a read-only float64 array indexed like the graph's nodes; ``compression``
+    (optional) the costs of keeping outputs compressed."""
 
     platform: str
     runtime_s: np.ndarray
@@ -32,6 +61,7 @@ class CostModel:
     pageout_time_s: np.ndarray
     pagein_energy_j: np.ndarray
     pageout_energy_j: np.ndarray
+    compression: CompressionCosts | None = None
 
     def __post_init__(self) -> None:
         sizes = set()
@@ -44,6 +74,12 @@ class CostModel:
             sizes.add(array.shape[0])
         if len(sizes) != 1:
             raise ValueError("all cost arrays must have one entry per node")
+        if self.compression is not None and self.compression.allowed.shape[0] not in sizes:
+            raise ValueError("compression costs must have one entry per node")
+
+    def with_compression(self, compression: CompressionCosts | None) -> CostModel:
+        """The same costs with ``compression`` (None: without)."""
+        return replace(self, compression=compression)
 
     @property
     def n_nodes(self) -> int:
@@ -98,3 +134,8 @@ class CostModel:
             pagein_energy_j=pagein_time * platform.memory_power_w,
             pageout_energy_j=pageout_time * platform.memory_power_w,
         )
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array

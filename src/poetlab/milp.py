@@ -19,6 +19,15 @@ Faithful mode reproduces the release's formulation; the named options fix its qu
 - ``params_in_budget``: parameters and their gradients are charged to the budget (the release keeps them
   outside).
 
+``compression`` adds a fourth choice per tensor beside keeping, recomputing and paging it: keeping it
+compressed in RAM (BitTrain's bitmap format, :mod:`poetlab.techniques.compression`). Three more
+families: S_CMP (a compressed copy held at the start of stage t, charged its compressed bytes), M_CMP
+(compress in stage t, from a dense copy resident at the stage start, like a page-out; the copy is
+charged from that stage on) and M_DCMP (decompress at the end of stage t, like a page-in: the dense
+tensor is resident in stage t + 1; the compressed copy must be held in stage t + 1 too, so that the
+moment of decompression never holds more than the next stage's start). Compress and decompress cost
+energy in the objective and time in the runtime budget.
+
 One deliberate difference from the release in every mode: the release's memory recurrence iterates over
 its edge list with a duplicate (its first gradient node reads the loss twice), so it frees the loss's
 bytes twice and can undercount RAM by that tensor's size; we free each tensor once.
@@ -32,6 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from poetlab.costs import CostModel
+from poetlab.errors import InvalidArgumentError
 from poetlab.graph import TrainingGraph
 
 
@@ -50,18 +60,20 @@ class MilpOptions:
     count_paging_time: bool = False
     charge_pagein: bool = False
     params_in_budget: bool = False
+    compression: bool = False
 
     @property
     def faithful(self) -> bool:
-        return not (self.count_paging_time or self.charge_pagein or self.params_in_budget)
+        return not (self.count_paging_time or self.charge_pagein or self.params_in_budget or self.compression)
 
 
 @dataclass(frozen=True)
 class MilpModel:
     """min c @ x  s.t.  row_lower <= A @ x <= row_upper,  col_lower <= x <= col_upper,  x[integer] integral.
 
-    ``index`` maps each T x T variable family (R, S_RAM, S_SSD, M_IN, M_OUT) to a T x T array of column
-    indices, -1 where the variable does not exist (is fixed to zero).
+    ``index`` maps each T x T variable family (R, S_RAM, S_SSD, M_IN, M_OUT, and with compression
+    S_CMP, M_CMP, M_DCMP) to a T x T array of column indices, -1 where the variable does not exist (is
+    fixed to zero).
     """
 
     c: np.ndarray
@@ -79,6 +91,7 @@ class MilpModel:
     charge_pagein: bool = False
     fixed_bytes: int = 0
     runtime_budget_s: float | None = None
+    compressed_bytes: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_cols(self) -> int:
@@ -114,6 +127,9 @@ class MilpModel:
             memory = float(R[t, 0] * b[0] + S_RAM[t] @ b)
             if self.charge_pagein:
                 memory += float(np.asarray(matrices["M_IN"], dtype=bool)[t] @ b)
+            if self.compressed_bytes is not None:
+                held = np.asarray(matrices["S_CMP"], dtype=float)[t] + np.asarray(matrices["M_CMP"], dtype=float)[t]
+                memory += float(held @ self.compressed_bytes)
             # U[t, k+1] = U[t, k] + R[t, k+1] b[k+1] - (bytes freed after node k)
             freed_after = np.bincount(dst[free], weights=b[src[free]], minlength=T)
             steps = R[t, 1 : t + 1] * b[1 : t + 1] - freed_after[:t]
@@ -183,6 +199,9 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     """The POET MILP of ``graph`` with ``costs`` under ``options``."""
     T = graph.n_nodes
     b = graph.output_bytes.astype(float)
+    compression = costs.compression if options.compression else None
+    if options.compression and compression is None:
+        raise InvalidArgumentError("compression needs compression costs: build them with poetlab.techniques.compression.compression_costs")
     fixed = 2 * graph.param_bytes if options.params_in_budget else 0
     budget = float(options.ram_budget_bytes) - fixed
     stage = np.arange(T)[:, None]
@@ -200,6 +219,11 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     M_IN = cols.add(paging, 0.0, 1.0, True, costs.pagein_energy_j[None, :])
     M_OUT = cols.add(paging, 0.0, 1.0, True, costs.pageout_energy_j[None, :])
     U = cols.add(lower_incl, 0.0, max(budget, 0.0), False)
+    compressible = strict & compression.allowed[None, :] if compression is not None else none
+    S_CMP = cols.add(compressible, 0.0, 1.0, True)
+    M_CMP = cols.add(compressible, 0.0, 1.0, True, compression.compress_energy_j[None, :] if compression is not None else 0.0)
+    M_DCMP = cols.add(compressible & (stage < T - 1), 0.0, 1.0, True, compression.decompress_energy_j[None, :] if compression is not None else 0.0)
+    c = compression.compressed_bytes.astype(float) if compression is not None else np.zeros(T)
 
     edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)  # distinct (producer, consumer)
     src, dst = edges[:, 0], edges[:, 1]
@@ -225,6 +249,20 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     rows.terms(ids, S_RAM[t_idx, i_idx], -1.0)
     rows.terms(ids, R[t_idx, i_idx], -1.0)
     rows.terms(ids, M_IN[t_idx, i_idx], -1.0)
+    rows.terms(ids, M_DCMP[t_idx, i_idx], -1.0)
+    if compression is not None:
+        # (3c) S_CMP[t+1, i] <= S_CMP[t, i] + M_CMP[t, i]
+        ids = rows.new(t_idx.size, -INF, 0.0)
+        rows.terms(ids, S_CMP[t_idx + 1, i_idx], 1.0)
+        rows.terms(ids, S_CMP[t_idx, i_idx], -1.0)
+        rows.terms(ids, M_CMP[t_idx, i_idx], -1.0)
+        # (4c) compress only what is in RAM at the stage start; decompress only what is compressed, and
+        # keep the compressed copy into the next stage
+        ct, ci = np.nonzero(compressible)
+        for lhs, rhs in ((M_CMP[ct, ci], S_RAM[ct, ci]), (M_DCMP[ct, ci], S_CMP[ct, ci]), (M_DCMP[ct, ci], S_CMP[np.minimum(ct + 1, T - 1), ci])):
+            ids = rows.new(ct.size, -INF, 0.0)
+            rows.terms(ids, lhs, 1.0)
+            rows.terms(ids, rhs, -1.0)
     if options.paging:
         ids = rows.new(t_idx.size, -INF, 0.0)
         rows.terms(ids, S_SSD[t_idx + 1, i_idx], 1.0)
@@ -277,6 +315,8 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     rows.terms(ids[t_idx], S_RAM[t_idx, i_idx], -b[i_idx])
     if options.charge_pagein:
         rows.terms(ids[t_idx], M_IN[t_idx, i_idx], -b[i_idx])
+    rows.terms(ids[t_idx], S_CMP[t_idx, i_idx], -c[i_idx])
+    rows.terms(ids[t_idx], M_CMP[t_idx, i_idx], -c[i_idx])
     t_idx, k_idx = np.nonzero(node[:, :-1] < stage)  # k + 1 <= t
     row_of = np.full((T, T), -1, dtype=np.int64)
     row_of[t_idx, k_idx] = ids_step = rows.new(t_idx.size, 0.0, 0.0)
@@ -299,6 +339,10 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
             t_idx, i_idx = np.nonzero(M_IN >= 0)
             rows.terms(np.zeros_like(t_idx) + ids[0], M_IN[t_idx, i_idx], costs.pagein_time_s[i_idx])
             rows.terms(np.zeros_like(t_idx) + ids[0], M_OUT[t_idx, i_idx], costs.pageout_time_s[i_idx])
+        if compression is not None:
+            t_idx, i_idx = np.nonzero(compressible)
+            rows.terms(np.zeros_like(t_idx) + ids[0], M_CMP[t_idx, i_idx], compression.compress_time_s[i_idx])
+            rows.terms(np.zeros_like(t_idx) + ids[0], M_DCMP[t_idx, i_idx], compression.decompress_time_s[i_idx])
 
     A = sp.csr_matrix(
         (np.concatenate(rows.vals), (np.concatenate(rows.rows), np.concatenate(rows.cols))),
@@ -313,7 +357,8 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         col_lower=np.concatenate(cols.lower),
         col_upper=np.concatenate(cols.upper),
         integer=np.concatenate(cols.integer),
-        index={"R": R, "S_RAM": S_RAM, "S_SSD": S_SSD, "M_IN": M_IN, "M_OUT": M_OUT},
+        index={"R": R, "S_RAM": S_RAM, "S_SSD": S_SSD, "M_IN": M_IN, "M_OUT": M_OUT}
+        | ({"S_CMP": S_CMP, "M_CMP": M_CMP, "M_DCMP": M_DCMP} if compression is not None else {}),
         free_index=FREE,
         u_index=U,
         edges=edges,
@@ -321,4 +366,5 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         charge_pagein=options.charge_pagein,
         fixed_bytes=fixed,
         runtime_budget_s=runtime_budget_s,
+        compressed_bytes=c if compression is not None else None,
     )

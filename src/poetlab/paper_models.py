@@ -292,3 +292,14 @@ def build_paper_graph(model: str, batch_size: int = 1) -> TrainingGraph:
         )
     metadata: dict[str, object] = {"source": "paper", "model": model, "batch_size": batch_size, "description": spec.description}
     return training_graph(model, spec.build(batch_size), metadata)
+
+
+def conv_chain_graph(channels: int = 8, side: int = 8, depth: int = 3) -> TrainingGraph:
+    """Not a paper model: input -> (conv 3x3 -> ReLU) * depth -> flatten -> loss with the release's layer
+    formulas, small enough for MILPs that solve to optimality in seconds (tests, demonstrations)."""
+    net = LayerList()
+    x = net.input((1, channels, side, side))
+    for _ in range(depth):
+        x = net.elementwise("relu", net.conv2d(x, channels, channels, 3, 1, 1))
+    net.cross_entropy(net.flatten(x), 4)
+    return training_graph("conv_chain", net, {"source": "poetlab.paper_models.conv_chain_graph"})

@@ -69,6 +69,8 @@ class SolveResult:
     message: str
     schedule: Schedule | None = None
     simulation: SimulationResult | None = None
+    compression_energy_j: float | None = None
+    n_compresses: int | None = None
 
     @property
     def feasible(self) -> bool:
@@ -81,7 +83,8 @@ class SolveResult:
             for name in (
                 "status", "energy_j", "compute_energy_j", "pagein_energy_j", "pageout_energy_j", "runtime_s",
                 "peak_ram_bytes", "solve_time_s", "mip_gap", "solver", "n_recomputes", "n_pageouts", "n_pageins",
-                "objective_j", "bound_j", "ram_budget_bytes", "runtime_budget_s", "message",
+                "objective_j", "bound_j", "ram_budget_bytes", "runtime_budget_s", "message", "compression_energy_j",
+                "n_compresses",
             )
         }
 
@@ -122,6 +125,7 @@ def solve(
     count_paging_time: bool = False,
     charge_pagein: bool = False,
     params_in_budget: bool = False,
+    compression: bool = False,
     solver: str = "auto",
     time_limit_s: float = 600.0,
     mip_gap: float = 1e-4,
@@ -139,11 +143,19 @@ def solve(
     starts POET's MILP for the rest of the time: POET is then never worse than either restriction
     found, even when its own solve stops at the time limit.
 
+    With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
+    RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
+    time limit, and its schedule, which is feasible for the larger problem, starts it: the answer is
+    never worse than that POET solve. (Two time-limited solves are not bit-for-bit repeatable, so a
+    separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
+
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
     staged starts. The result is never more expensive than the best start, time limit or not.
     """
     _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
+    if compression and costs.compression is None:
+        raise InvalidArgumentError("compression needs compression costs in the cost model: CostModel.with_compression(compression_costs(...))")
     started = time.perf_counter()
     options = MilpOptions(
         ram_budget_bytes=float(ram_budget_bytes),
@@ -153,6 +165,7 @@ def solve(
         count_paging_time=count_paging_time,
         charge_pagein=charge_pagein,
         params_in_budget=params_in_budget,
+        compression=compression,
     )
     fixed = 2 * graph.param_bytes if params_in_budget else 0
     runtime_budget_s = None if runtime_budget_factor is None else runtime_budget_factor * costs.plain_step_runtime_s
@@ -180,6 +193,8 @@ def solve(
             message=message,
             schedule=schedule,
             simulation=sim,
+            compression_energy_j=sim.compression_energy_j if sim else None,
+            n_compresses=sim.n_compresses if sim else None,
         )
 
     def replay(schedule: Schedule) -> SimulationResult:
@@ -211,7 +226,16 @@ def solve(
     model = build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay)
-    if staged and paging and remat:
+    if compression:
+        plain = solve(
+            graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
+            charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
+            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts,
+        )
+        log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
+        if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
+            start, start_sim = plain.schedule, plain.simulation
+    elif staged and paging and remat:
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,

@@ -1,7 +1,9 @@
 """The one schedule format of the kit, and the simulator that validates and costs it.
 
 A :class:`Schedule` is an ordered list of operations on the tensors of a training graph: compute a
-node (its output appears in RAM), free a tensor, page a tensor out to flash, page it back in. Every
+node (its output appears in RAM), free a tensor, page a tensor out to flash, page it back in; and,
+where the cost model has compression costs, compress a tensor (a compressed copy appears in RAM beside
+it), decompress it (the dense tensor appears again) and free the compressed copy. Every
 planner (the POET MILP, a baseline, a technique) emits one, and :func:`simulate` replays it from these
 semantics alone, independently of whoever produced it: it refuses an invalid schedule with the step and
 the reason, and returns the energy, runtime and memory trace. No planner's own objective is trusted.
@@ -28,6 +30,9 @@ class OpKind(enum.Enum):
     FREE = "free"
     PAGE_OUT = "page_out"
     PAGE_IN = "page_in"
+    COMPRESS = "compress"
+    DECOMPRESS = "decompress"
+    FREE_COMPRESSED = "free_compressed"
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,9 @@ class ScheduleMatrices:
     """The MILP's view of a schedule: T x T boolean matrices indexed [stage, node].
 
     ``R`` computes node i in stage t; ``S_RAM`` / ``S_SSD`` hold tensor i in RAM / on flash at the start
-    of stage t; ``M_IN`` / ``M_OUT`` page tensor i in / out during stage t.
+    of stage t; ``M_IN`` / ``M_OUT`` page tensor i in / out during stage t. ``S_CMP`` holds tensor i
+    compressed (in RAM) at the start of stage t; ``M_CMP`` / ``M_DCMP`` compress / decompress it during
+    stage t (None in a view built without them).
     """
 
     R: np.ndarray
@@ -61,9 +68,15 @@ class ScheduleMatrices:
     S_SSD: np.ndarray
     M_IN: np.ndarray
     M_OUT: np.ndarray
+    S_CMP: np.ndarray | None = None
+    M_CMP: np.ndarray | None = None
+    M_DCMP: np.ndarray | None = None
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return {"R": self.R, "S_RAM": self.S_RAM, "S_SSD": self.S_SSD, "M_IN": self.M_IN, "M_OUT": self.M_OUT}
+        out = {"R": self.R, "S_RAM": self.S_RAM, "S_SSD": self.S_SSD, "M_IN": self.M_IN, "M_OUT": self.M_OUT}
+        if self.S_CMP is not None:
+            out.update(S_CMP=self.S_CMP, M_CMP=self.M_CMP, M_DCMP=self.M_DCMP)
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,30 +103,34 @@ class Schedule:
         T = self.n_nodes
         stages = max(self.n_stages, T)
         shape = (stages, T)
-        R, S_RAM, S_SSD, M_IN, M_OUT = (np.zeros(shape, dtype=bool) for _ in range(5))
+        R, S_RAM, S_SSD, M_IN, M_OUT, S_CMP, M_CMP, M_DCMP = (np.zeros(shape, dtype=bool) for _ in range(8))
         in_ram = np.zeros(T, dtype=bool)
         on_flash = np.zeros(T, dtype=bool)
+        compressed = np.zeros(T, dtype=bool)
+        # what each operation marks in the view, and the state it sets: (matrix or None, state, value)
+        effects = {
+            OpKind.COMPUTE: (R, in_ram, True),
+            OpKind.FREE: (None, in_ram, False),
+            OpKind.PAGE_OUT: (M_OUT, on_flash, True),
+            OpKind.PAGE_IN: (M_IN, in_ram, True),
+            OpKind.COMPRESS: (M_CMP, compressed, True),
+            OpKind.DECOMPRESS: (M_DCMP, in_ram, True),
+            OpKind.FREE_COMPRESSED: (None, compressed, False),
+        }
         current = 0
         S_RAM[0], S_SSD[0] = in_ram, on_flash
         for op in self.ops:
             while current < op.stage:
                 current += 1
-                S_RAM[current], S_SSD[current] = in_ram, on_flash
-            if op.kind is OpKind.COMPUTE:
-                R[op.stage, op.node] = True
-                in_ram[op.node] = True
-            elif op.kind is OpKind.FREE:
-                in_ram[op.node] = False
-            elif op.kind is OpKind.PAGE_OUT:
-                M_OUT[op.stage, op.node] = True
-                on_flash[op.node] = True
-            else:
-                M_IN[op.stage, op.node] = True
-                in_ram[op.node] = True
+                S_RAM[current], S_SSD[current], S_CMP[current] = in_ram, on_flash, compressed
+            mark, state, value = effects[op.kind]
+            if mark is not None:
+                mark[op.stage, op.node] = True
+            state[op.node] = value
         while current + 1 < stages:
             current += 1
-            S_RAM[current], S_SSD[current] = in_ram, on_flash
-        return ScheduleMatrices(R, S_RAM, S_SSD, M_IN, M_OUT)
+            S_RAM[current], S_SSD[current], S_CMP[current] = in_ram, on_flash, compressed
+        return ScheduleMatrices(R, S_RAM, S_SSD, M_IN, M_OUT, S_CMP, M_CMP, M_DCMP)
 
     @classmethod
     def from_matrices(
@@ -125,6 +142,9 @@ class Schedule:
         M_IN: np.ndarray | None = None,
         M_OUT: np.ndarray | None = None,
         prefetch: bool = False,
+        S_CMP: np.ndarray | None = None,
+        M_CMP: np.ndarray | None = None,
+        M_DCMP: np.ndarray | None = None,
     ) -> Schedule:
         """Turn the MILP's matrices into operations, stage by stage.
 
@@ -134,6 +154,11 @@ class Schedule:
         S_RAM[t + 1] does not keep is freed. Page-ins happen at the end of the stage, after the frees,
         so the tensor is resident from stage t + 1 on (the release's accounting); with ``prefetch`` they
         are issued at the start of the stage instead, overlapping its compute, and hold RAM during it.
+
+        Compression: compresses come first in a stage, beside the page-outs (of tensors resident at the
+        stage start); at the end of the stage, compressed copies that S_CMP[t + 1] does not keep are
+        freed, then decompresses run (their compressed copy is kept into stage t + 1, as the MILP
+        requires, so no moment holds more than the next stage's start).
         """
         T = graph.n_nodes
         R = np.asarray(R, dtype=bool)
@@ -142,12 +167,19 @@ class Schedule:
         S_SSD = zeros if S_SSD is None else np.asarray(S_SSD, dtype=bool)
         M_IN = zeros if M_IN is None else np.asarray(M_IN, dtype=bool)
         M_OUT = zeros if M_OUT is None else np.asarray(M_OUT, dtype=bool)
+        S_CMP = zeros if S_CMP is None else np.asarray(S_CMP, dtype=bool)
+        M_CMP = zeros if M_CMP is None else np.asarray(M_CMP, dtype=bool)
+        M_DCMP = zeros if M_DCMP is None else np.asarray(M_DCMP, dtype=bool)
+        compressed = np.zeros(T, dtype=bool)
         inputs = [sorted(set(node.inputs)) for node in graph.nodes]
         ops: list[Op] = []
         resident = np.zeros(T, dtype=bool)
         for t in range(T):
             keep = S_RAM[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
             ops.extend(Op(OpKind.PAGE_OUT, int(i), t) for i in np.flatnonzero(M_OUT[t]))
+            for i in np.flatnonzero(M_CMP[t] & ~compressed):
+                ops.append(Op(OpKind.COMPRESS, int(i), t))
+                compressed[i] = True
             if prefetch:
                 for i in np.flatnonzero(M_IN[t]):
                     ops.append(Op(OpKind.PAGE_IN, int(i), t))
@@ -169,10 +201,20 @@ class Schedule:
                     continue
                 ops.append(Op(OpKind.FREE, int(i), t))
                 resident[i] = False
+            keep_compressed = S_CMP[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
+            for i in np.flatnonzero(compressed & ~keep_compressed & ~M_DCMP[t]):
+                ops.append(Op(OpKind.FREE_COMPRESSED, int(i), t))
+                compressed[i] = False
             if not prefetch:
                 for i in np.flatnonzero(M_IN[t]):
                     ops.append(Op(OpKind.PAGE_IN, int(i), t))
                     resident[i] = True
+            for i in np.flatnonzero(M_DCMP[t] & compressed & ~resident):
+                ops.append(Op(OpKind.DECOMPRESS, int(i), t))
+                resident[i] = True
+                if not keep_compressed[i]:
+                    ops.append(Op(OpKind.FREE_COMPRESSED, int(i), t))
+                    compressed[i] = False
         return cls(n_nodes=T, ops=tuple(ops))
 
 
@@ -195,8 +237,9 @@ def checkpoint_all_schedule(graph: TrainingGraph) -> Schedule:
 class SimulationResult:
     """What replaying a schedule costs. Energies in J, times in s, memory in bytes.
 
-    ``runtime_s`` adds compute and paging time as if they ran one after the other;
-    ``compute_time_s`` is what the release's runtime budget counts. ``memory_trace_bytes[k]`` is the
+    ``runtime_s`` adds compute, paging and compression time as if they ran one after the other;
+    ``compute_time_s`` is what the release's runtime budget counts (compression time, being processor
+    work, is added to it in the budget check). ``energy_j`` includes ``compression_energy_j``. ``memory_trace_bytes[k]`` is the
     RAM in use right after operation k (before any free that follows it), fixed bytes included.
     """
 
@@ -213,6 +256,10 @@ class SimulationResult:
     n_recomputes: int
     n_pageins: int
     n_pageouts: int
+    compression_energy_j: float = 0.0
+    compression_time_s: float = 0.0
+    n_compresses: int = 0
+    n_decompresses: int = 0
 
 
 def simulate(
@@ -226,7 +273,8 @@ def simulate(
 ) -> SimulationResult:
     """Replay ``schedule`` on ``graph`` and return its costs; raise :class:`InvalidScheduleError` if it
     cannot run: a node computed while an input is not in RAM, a free or page-out of a tensor not in RAM,
-    a page-in of a tensor never paged out, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
+    a page-in of a tensor never paged out, a compress, decompress or compressed free that the tensor's
+    state or the cost model (no compression costs, or not allowed for that node) does not permit, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
     parameters and gradients, counted in), a node never computed, or a runtime above
     ``runtime_budget_s`` (compute time, plus paging time when ``count_paging_time``)."""
     T = graph.n_nodes
@@ -236,8 +284,12 @@ def simulate(
     inputs = [tuple(set(node.inputs)) for node in graph.nodes]
     in_ram = np.zeros(T, dtype=bool)
     on_flash = np.zeros(T, dtype=bool)
+    compressed = np.zeros(T, dtype=bool)
     computed = np.zeros(T, dtype=bool)
+    compression = costs.compression
     used = int(fixed_bytes)
+    compression_energy = compression_time = 0.0
+    n_compresses = n_decompresses = 0
     trace = np.empty(len(schedule.ops), dtype=np.int64)
     compute_energy = pagein_energy = pageout_energy = 0.0
     compute_time = paging_time = 0.0
@@ -273,6 +325,33 @@ def simulate(
             pageout_energy += costs.pageout_energy_j[i]
             paging_time += costs.pageout_time_s[i]
             n_pageouts += 1
+        elif op.kind in (OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED):
+            if compression is None or not compression.allowed[i]:
+                why = "the cost model has no compression costs" if compression is None else "compression is not allowed for this node"
+                raise InvalidScheduleError(step, op, why)
+            if op.kind is OpKind.COMPRESS:
+                if not in_ram[i] or compressed[i]:
+                    raise InvalidScheduleError(step, op, "compresses a tensor that is not in RAM or is already compressed")
+                compressed[i] = True
+                used += int(compression.compressed_bytes[i])
+                energy, seconds = compression.compress_energy_j, compression.compress_time_s
+                n_compresses += 1
+            elif op.kind is OpKind.DECOMPRESS:
+                if not compressed[i]:
+                    raise InvalidScheduleError(step, op, "decompresses a tensor that has no compressed copy")
+                used += 0 if in_ram[i] else int(nbytes[i])
+                in_ram[i] = True
+                energy, seconds = compression.decompress_energy_j, compression.decompress_time_s
+                n_decompresses += 1
+            else:
+                if not compressed[i]:
+                    raise InvalidScheduleError(step, op, "frees a compressed copy that does not exist")
+                compressed[i] = False
+                used -= int(compression.compressed_bytes[i])
+                energy = seconds = None
+            if energy is not None:
+                compression_energy += energy[i]
+                compression_time += seconds[i]
         else:
             if not on_flash[i]:
                 raise InvalidScheduleError(step, op, "pages in a tensor that was never paged out")
@@ -288,18 +367,18 @@ def simulate(
     never = np.flatnonzero(~computed)
     if never.size:
         raise InvalidScheduleError(len(schedule.ops), None, f"node {graph.nodes[never[0]].name} (node {never[0]}) is never computed")
-    counted_time = compute_time + (paging_time if count_paging_time else 0.0)
+    counted_time = compute_time + compression_time + (paging_time if count_paging_time else 0.0)
     if runtime_budget_s is not None and counted_time > runtime_budget_s * (1 + 1e-9):
         raise InvalidScheduleError(
             len(schedule.ops), None, f"runtime {counted_time:.6g} s exceeds the runtime budget {runtime_budget_s:.6g} s"
         )
     trace.setflags(write=False)
     return SimulationResult(
-        energy_j=compute_energy + pagein_energy + pageout_energy,
+        energy_j=compute_energy + pagein_energy + pageout_energy + compression_energy,
         compute_energy_j=compute_energy,
         pagein_energy_j=pagein_energy,
         pageout_energy_j=pageout_energy,
-        runtime_s=compute_time + paging_time,
+        runtime_s=compute_time + paging_time + compression_time,
         compute_time_s=compute_time,
         paging_time_s=paging_time,
         peak_ram_bytes=int(trace.max(initial=fixed_bytes)),
@@ -308,4 +387,8 @@ def simulate(
         n_recomputes=n_computes - T,
         n_pageins=n_pageins,
         n_pageouts=n_pageouts,
+        compression_energy_j=compression_energy,
+        compression_time_s=compression_time,
+        n_compresses=n_compresses,
+        n_decompresses=n_decompresses,
     )
