@@ -30,3 +30,13 @@ def residual(channels: int = 2, side: int = 4) -> TrainingGraph:
 def convnet(channels: int = 8, side: int = 8, depth: int = 3) -> TrainingGraph:
     """input -> (conv 3x3 -> ReLU) * depth -> flatten -> loss: a chain of convolutions."""
     return conv_chain_graph(channels, side, depth)
+
+
+def relu_chain(n: int) -> TrainingGraph:
+    """input -> n ReLUs -> loss: a chain of n + 1 steps of equal size."""
+    net = LayerList()
+    x = net.input((1, 16))
+    for _ in range(n):
+        x = net.elementwise("relu", x)
+    net.cross_entropy(x, 16)
+    return training_graph(f"chain{n}", net, {})

@@ -10,18 +10,10 @@ from poetlab.baselines import BASELINES, Budgets, run_baseline
 from poetlab.baselines.chen import articulation_points, plan_sqrtn_linearized
 from poetlab.errors import UnknownNameError
 from poetlab.poet_solver import min_footprint_bytes
-from poetlab.paper_models import LayerList, training_graph
 
-from small_graphs import mlp, residual
+from small_graphs import mlp, relu_chain as chain, residual
 
 
-def chain(n: int):
-    net = LayerList()
-    x = net.input((1, 16))
-    for _ in range(n):
-        x = net.elementwise("relu", x)
-    net.cross_entropy(x, 16)
-    return training_graph(f"chain{n}", net, {})
 
 
 def test_chen_sqrtn_memory_grows_as_sqrt_n_on_chains():

@@ -15,24 +15,15 @@ from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
 from poetlab.baselines.revolve import block_chain, revolve_forward_count, revolve_schedule
 from poetlab.graph import TrainingGraph
 from poetlab.milp import MilpOptions, build_milp
-from poetlab.paper_models import LayerList, training_graph
 from poetlab.poet_solver import min_footprint_bytes
 from poetlab.schedule import OpKind, Schedule
 from poetlab.solvers import run_milp
 
-from small_graphs import mlp, residual
+from small_graphs import mlp, relu_chain as chain, residual
 
 PLANNERS = {"revolve": revolve.plan, "pofo": pofo.plan}
 
 
-def chain(n: int) -> TrainingGraph:
-    """input -> n ReLUs -> loss: n + 1 steps of equal size."""
-    net = LayerList()
-    x = net.input((1, 16))
-    for _ in range(n):
-        x = net.elementwise("relu", x)
-    net.cross_entropy(x, 16)
-    return training_graph(f"chain{n}", net, {})
 
 
 def _costs(graph: TrainingGraph, platform: str) -> CostModel:

@@ -11,10 +11,9 @@ import pytest
 from poetlab import CostModel, OpKind, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
 from poetlab.baselines.base import Budgets, CannotMeetBudget
 from poetlab.baselines import capuchin, dtr
-from poetlab.paper_models import LayerList, training_graph
 from poetlab.poet_solver import min_footprint_bytes
 
-from small_graphs import mlp, residual
+from small_graphs import mlp, relu_chain as chain, residual
 
 PLANNERS = {
     "capuchin": capuchin.plan,
@@ -26,13 +25,6 @@ PLANNERS = {
 DEFAULT_PLANNERS = {"capuchin": capuchin.plan, "dtr": dtr.plan}
 
 
-def chain(n: int):
-    net = LayerList()
-    x = net.input((1, 16))
-    for _ in range(n):
-        x = net.elementwise("relu", x)
-    net.cross_entropy(x, 16)
-    return training_graph(f"chain{n}", net, {})
 
 
 def uniform_costs(graph, paging_s: float) -> CostModel:

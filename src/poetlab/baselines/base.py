@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from poetlab.costs import CostModel
 from poetlab.errors import PoetlabError
 from poetlab.graph import TrainingGraph
-from poetlab.schedule import Schedule, SimulationResult
+from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,16 @@ class PlanOptions:
 
 class CannotMeetBudget(PoetlabError):
     """A method has no schedule within the budgets; the message says why in one line."""
+
+
+def within_budgets(method: str, schedule: Schedule, graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Schedule:
+    """``schedule`` if the simulator replays it within ``budgets``; else :class:`CannotMeetBudget` with
+    the simulator's reason, for planners that cannot tell by themselves whether they met the budget."""
+    try:
+        simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
+    except InvalidScheduleError as exc:
+        raise CannotMeetBudget(f"{method}: {exc.reason}") from None
+    return schedule
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
 from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
 from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, simulate
+from poetlab.schedule import Op, OpKind, Schedule, simulate
 
 METHOD = "capuchin"
 
@@ -358,12 +358,7 @@ def plan_evictions(graph: TrainingGraph, costs: CostModel, ram_bytes: float, rec
 
 
 def _plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, recompute_sources: bool) -> Schedule:
-    schedule = plan_evictions(graph, costs, budgets.ram_bytes, recompute_sources).schedule
-    try:
-        simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
-    except InvalidScheduleError as exc:
-        raise CannotMeetBudget(f"{METHOD}: {exc.reason}") from None
-    return schedule
+    return within_budgets(METHOD, plan_evictions(graph, costs, budgets.ram_bytes, recompute_sources).schedule, graph, costs, budgets)
 
 
 def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
 from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
 from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, simulate
+from poetlab.schedule import Op, OpKind, Schedule
 
 METHOD = "dtr"
 H_DTR = "h_dtr"
@@ -257,11 +257,7 @@ def replay(
 
 def _plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, heuristic: str, pin_sources: bool = False) -> Schedule:
     schedule = replay(graph, costs, budgets.ram_bytes, budgets.runtime_s(costs), heuristic, pin_sources)
-    try:
-        simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
-    except InvalidScheduleError as exc:
-        raise CannotMeetBudget(f"{METHOD}: {exc.reason}") from None
-    return schedule
+    return within_budgets(METHOD, schedule, graph, costs, budgets)
 
 
 def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
