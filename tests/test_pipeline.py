@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import papermill
@@ -85,3 +87,24 @@ def test_committed_outputs_match_the_active_preset():
     assert sorted(set(zip(table.model, table.platform))) == sorted(tuple(case) for case in baselines["cases"])
     assert list(dict.fromkeys(table.method)) == baselines["methods"]
     assert sorted(set(table.budget_fraction)) == sorted(baselines["fractions"])
+
+
+def _stale_stages(repo) -> set[str]:
+    """The stages `dvc status` reports as changed (the frozen profiling stage is never reported)."""
+    out = subprocess.run([sys.executable, "-m", "dvc", "status", "--json"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout or "{}"))
+
+
+def test_changing_one_value_reruns_only_the_stages_that_read_it(tmp_path):
+    """DVC's view of the pipeline: a value of one stage's preset section makes that stage stale and no
+    other (claims and report re-run after it only if its outputs change). Compared with the clone's own
+    status before the edit, so a lock that is not current for other reasons does not change the verdict."""
+    clone = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
+    before = _stale_stages(clone)
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    section = params["presets"][params["preset"]]["table3_pofo"]
+    section["runtime_factor"] = float(section["runtime_factor"]) + 0.5
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert _stale_stages(clone) - before == {"table3_pofo"} - before
