@@ -9,7 +9,7 @@ simplifications are kept on purpose and named here rather than fixed:
   earlier layer, the later layer and the previous gradient, with ``2 * flop(earlier)`` flops and the
   later layer's output shape. Skip connections are not mirrored in the backward pass.
 
-Traced PyTorch models (a later module) mirror autograd's real dependencies instead.
+Traced PyTorch models (:mod:`poetlab.trace`) mirror autograd's real dependencies instead.
 """
 
 from __future__ import annotations
