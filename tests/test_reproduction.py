@@ -30,7 +30,7 @@ from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
 from poetlab.tables import write_table
 
 PARAMS = REPO / "params.yaml"
-NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report")
+NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report", "techniques_frontier")
 
 
 def row(method="poet", fraction=1.0, energy=1.0, plain=1.0, peak=100, runtime=1.0, factor=2.0, gap=0.0, status="optimal",
@@ -209,6 +209,8 @@ def test_every_preset_has_valid_reproduction_params():
         ("table2_platforms", "platforms", ["m0", "m0"], "presets.smoke.table2_platforms.platforms lists a platform twice"),
         ("feasibility", "batch_size", True, "presets.smoke.feasibility.batch_size must be an integer"),
         ("claims", "gap_tolerence", 0.1, "presets.smoke.claims.gap_tolerence is not a parameter of this stage"),
+        ("techniques_frontier", "relu_density", 1.5, "presets.smoke.techniques_frontier.relu_density must be a number in [0, 1]"),
+        ("techniques_frontier", "solver", "cplex", "presets.smoke.techniques_frontier.solver is an unknown solver 'cplex'"),
     ],
 )
 def test_bad_params_name_the_key(tmp_path, stage, key, value, message):
@@ -300,6 +302,18 @@ def test_smoke_feasibility(smoke_outputs):
     m = metrics(smoke_outputs, "feasibility")
     assert m["all_verified"] and m["min_train_ram_bytes"] == {"linear": 3256, "resnet18_cifar": 262144}
     assert m["fits_device_ram"]["resnet18_cifar/m4"] and not m["fits_device_ram"]["resnet18_cifar/m0"]
+
+
+def test_smoke_techniques_frontier(smoke_outputs):
+    m = metrics(smoke_outputs, "techniques_frontier")
+    assert m["model"] == "conv_chain+saved" and m["n_rows"] == 6
+    assert all(m[method]["n_feasible"] == 2 for method in ("poet", "poet+compression", "sparse update"))
+    assert m["poet+compression"]["n_compresses"] > 0 and m["compression_never_worse"]
+    assert m["compression_max_saving"] > 0.05  # compression beats recomputation at the tight budget
+    assert m["poet+compression"]["energy_over_plain_at_tightest"] < m["poet"]["energy_over_plain_at_tightest"]
+    for suffix in ("png", "pdf"):
+        assert (smoke_outputs / "figures" / f"techniques_frontier.{suffix}").stat().st_size > 0
+    assert (smoke_outputs / "tables" / "techniques_frontier.csv").exists()
 
 
 def test_smoke_claims_and_report(smoke_outputs):

@@ -16,6 +16,11 @@ written by hand, so any traced model runs:
   (``UntypedStorage._swap_data_ptr_``: no copy, no second buffer); the same RNG
   state (saved before the node's first run, only for nodes that draw random numbers: dropout) and the
   same BatchNorm buffers (restored after the rerun) make the recomputed bytes equal the first ones.
+- **compress** keeps a bitmap-compressed copy of each of the node's storages in RAM (the lossless format of
+  :mod:`poetlab.techniques.bittrain`: one bit per element, then the non-zero elements, taken bit pattern
+  by bit pattern); the dense bytes go when the schedule frees the node, as the simulator counts them.
+  **decompress** resizes the emptied storages back and writes the dense bytes into them, in place, so
+  autograd's saved tensors see exactly the bytes they saved; **free compressed** drops the copy.
 - **Autograd's saved tensors** go through ``torch.autograd.graph.saved_tensors_hooks``: packing records
   which node owns each saved storage (and detaches it, so no reference cycle forms); unpacking checks
   that the owner is in RAM as the schedule promised (waiting for a prefetched page-in if need be).
@@ -57,6 +62,7 @@ from poetlab.errors import PoetlabError
 from poetlab.graph import TrainingGraph
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
+from poetlab.techniques.bittrain import BitmapTensor, compress, decompress
 from poetlab.trace import _tensors
 
 __all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes"]
@@ -81,6 +87,11 @@ class ExecutionResult:
     ``paging_cpu_s`` the wall and CPU time spent in page-outs and synchronous page-ins. Waiting for the
     disk is not CPU time, so :attr:`runtime_s` (CPU time outside paging + paging wall time) is the
     number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.profile`).
+
+    ``n_compresses`` / ``n_decompresses`` count the compress and decompress operations carried out, and
+    ``compressed_bytes`` the bytes of all compressed copies made (bitmaps + non-zeros). The planned peak
+    counts each compressed copy at its real size, which is at most the simulator's (sized at the profiled
+    density plus a margin) when the batch is no denser than that.
     """
 
     loss: float
@@ -101,6 +112,9 @@ class ExecutionResult:
     n_skipped_ops: int
     prefetch: bool
     predicted: SimulationResult | None = None
+    n_compresses: int = 0
+    n_decompresses: int = 0
+    compressed_bytes: int = 0
 
     @property
     def runtime_s(self) -> float:
@@ -111,7 +125,7 @@ class ExecutionResult:
             name: getattr(self, name)
             for name in (
                 "loss", "wall_s", "cpu_s", "paging_wall_s", "paging_cpu_s", "runtime_s", "peak_bytes", "total_peak_bytes", "planned_peak_bytes", "bytes_written", "bytes_read", "n_computes",
-                "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops", "prefetch",
+                "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops", "prefetch", "n_compresses", "n_decompresses", "compressed_bytes",
             )
         }
         if self.predicted is not None:
@@ -189,6 +203,18 @@ def _detached(value: object) -> object:
     return value
 
 
+_COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED})
+
+
+def _flat(storage: torch.UntypedStorage) -> torch.Tensor:
+    """The storage's bytes as a flat tensor of 4-byte (else 1-byte) integers sharing its memory: the
+    bitmap format compares bit patterns, so the element type does not change what is kept."""
+    nbytes = storage.nbytes()
+    dtype = torch.int32 if nbytes % 4 == 0 else torch.uint8
+    n = nbytes // dtype.itemsize
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (n,), (1,))
+
+
 def _key(storage: torch.UntypedStorage) -> int:
     """Identity of a storage that survives resizing (the StorageImpl's address)."""
     return storage._cdata
@@ -208,6 +234,7 @@ class _Storage:
     source: tuple
     refs: int = 0
     pending: Future | None = None
+    packed: BitmapTensor | None = None
 
     @property
     def materialized(self) -> bool:
@@ -356,6 +383,9 @@ class ScheduleExecutor:
             n_unplanned=run.n_unplanned,
             n_skipped_ops=run.n_skipped,
             prefetch=self.prefetch,
+            n_compresses=run.n_compresses,
+            n_decompresses=run.n_decompresses,
+            compressed_bytes=run.compressed_bytes,
         )
 
 
@@ -385,6 +415,7 @@ class _Run:
         self.planned_peak = 0
         self.n_computes = self.n_recomputes = self.n_pageouts = self.n_pageins = 0
         self.n_unplanned = self.n_skipped = 0
+        self.n_compresses = self.n_decompresses = self.compressed_bytes = 0
 
     def close(self) -> None:
         if self.store is not None:
@@ -437,6 +468,9 @@ class _Run:
     def _do(self, op: Op) -> None:
         i = op.node
         st = self.state[i]
+        if op.kind in _COMPRESSION_OPS:
+            self._compression_op(op)
+            return
         if op.kind is OpKind.COMPUTE:
             self.n_computes += 1
             if self.ex.binding.forward_of[i] is not None:  # autograd computes it; we only follow
@@ -472,6 +506,45 @@ class _Run:
                 raise ExecutionError(f"the schedule pages in {self.ex.graph.nodes[i].name}, which was never paged out")
             self._page_in(i)
             self.n_pageins += 1
+
+    def _compression_op(self, op: Op) -> None:
+        """Compress node ``op.node``'s storages beside the dense ones, decompress them back into the
+        emptied storages, or drop the compressed copies. Gradients and the caller's batch are not
+        compressed (counted as skipped; a decompress of one only marks it in RAM, as a page-in does)."""
+        i = op.node
+        st = self.state[i]
+        name = self.ex.graph.nodes[i].name
+        if self.ex.binding.forward_of[i] is not None or i in self.ex.binding.inputs:
+            self.n_skipped += 1
+            if op.kind is OpKind.DECOMPRESS:
+                self._set_in_ram(i, True)
+            return
+        if op.kind is OpKind.COMPRESS:
+            if not st.in_ram or any(record.packed is not None for record in st.owned):
+                raise ExecutionError(f"the schedule compresses {name}, which is not in RAM or is compressed already")
+            for record in st.owned:
+                self._wait(record)
+                record.packed = compress(_flat(record.storage))
+                self.planned += record.packed.nbytes
+                self.compressed_bytes += record.packed.nbytes
+            self.planned_peak = max(self.planned_peak, self.planned)
+            self.n_compresses += 1
+        elif op.kind is OpKind.DECOMPRESS:
+            if not st.owned or any(record.packed is None for record in st.owned):
+                raise ExecutionError(f"the schedule decompresses {name}, which has no compressed copy")
+            for record in st.owned:
+                self._wait(record)
+                if not record.materialized:  # (still materialized when a view in RAM holds it)
+                    record.storage.resize_(record.nbytes)
+                    _flat(record.storage).copy_(decompress(record.packed))
+            self._set_in_ram(i, True)
+            self.n_decompresses += 1
+        else:
+            if any(record.packed is None for record in st.owned):
+                raise ExecutionError(f"the schedule frees a compressed copy of {name} that does not exist")
+            for record in st.owned:
+                self.planned -= record.packed.nbytes
+                record.packed = None
 
     def _set_in_ram(self, i: int, in_ram: bool) -> None:
         """Node ``i`` enters or leaves RAM: count its storages' users, free those nobody holds."""

@@ -12,6 +12,8 @@
   train-vs-inference memory ratio;
 - :mod:`~poetlab.reproduction.claims`: each claim of the paper beside our number;
 - :mod:`~poetlab.reproduction.report`: ``experiments/report.md``.
+- :mod:`~poetlab.reproduction.techniques_frontier` (not in the paper): POET, POET with compression and
+  sparse update on one conv chain, memory against energy.
 
 Each figure module reads tidy rows and returns a matplotlib figure or a DataFrame; the notebooks under
 ``notebooks/`` only wire them together (``python -m poetlab.reproduction check STAGE PRESET`` checks a

@@ -62,6 +62,28 @@ class ReportConfig:
     title: str
 
 
+@dataclass(frozen=True)
+class TechniquesFrontierConfig:
+    """The frontier of POET, POET+compression and sparse update on one conv chain
+    (:func:`poetlab.paper_models.conv_chain_graph`, with autograd's saved tensors): every ReLU output at
+    ``relu_density`` (``density_margin`` added for safety), layers before node ``first_trained`` frozen for
+    sparse update, memory budgets as fractions from the smallest footprint (0) to checkpoint-all (1)."""
+
+    channels: int
+    side: int
+    depth: int
+    platform: str
+    relu_density: float
+    density_margin: float
+    first_trained: int
+    fractions: tuple[float, ...]
+    runtime_factor: float
+    time_limit_s: float
+    mip_gap: float
+    threads: int
+    solver: str
+
+
 class _Section:
     """Reads one stage's section and names the exact key in every error."""
 
@@ -203,6 +225,21 @@ def _report_config(s: _Section) -> ReportConfig:
     return ReportConfig(s.text("title"))
 
 
+def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
+    from poetlab.solvers import SOLVERS
+
+    s.only("channels", "side", "depth", "platform", "relu_density", "density_margin", "first_trained", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "solver")
+    depth = int(s.number("depth", 1, 64, integer=True))
+    return TechniquesFrontierConfig(
+        channels=int(s.number("channels", 1, 4096, integer=True)), side=int(s.number("side", 1, 4096, integer=True)), depth=depth,
+        platform=s.name("platform", available_platforms(), "platform"), relu_density=float(s.number("relu_density", 0.0, 1.0)),
+        density_margin=float(s.number("density_margin", 0.0, 10.0)), first_trained=int(s.number("first_trained", 1, 2 * depth + 1, integer=True)),
+        fractions=s.grid("fractions", 0.0, 1.0), runtime_factor=float(s.number("runtime_factor", 1.0)),
+        time_limit_s=float(s.number("time_limit_s", 0.1)), mip_gap=float(s.number("mip_gap", 0.0, 1.0)),
+        threads=int(s.number("threads", 1, 64, integer=True)), solver=s.name("solver", SOLVERS, "solver"),
+    )
+
+
 STAGES: Mapping[str, Callable[[_Section], object]] = {
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
@@ -212,6 +249,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "feasibility": _feasibility_config,
     "claims": _claims_config,
     "report": _report_config,
+    "techniques_frontier": _techniques_frontier_config,
 }
 assert set(MILP_VARIANTS) <= set(METHODS)
 

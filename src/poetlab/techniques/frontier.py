@@ -36,11 +36,12 @@ def frontier_table(
     time_limit_s: float = 60.0,
     mip_gap: float = 1e-6,
     threads: int | None = 1,
+    solver: str = "auto",
 ) -> pd.DataFrame:
     """One row per (method, budget). The compression solve gets twice ``time_limit_s`` and starts from
     its own POET solve at ``time_limit_s``, so it is never above that solve (a separate time-limited POET
     row may differ a little; optimal ones agree); sparse update is left out when ``first_trained`` is
-    None."""
+    None. ``solver`` is passed to :func:`poetlab.solve` (``highs`` gives the same backend on every host)."""
     costs = CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities, margin))
     cases: list[tuple[str, TrainingGraph, CostModel, bool, float]] = [
         ("poet", graph, costs, False, time_limit_s),
@@ -52,7 +53,7 @@ def frontier_table(
     rows = []
     for budget in budgets_bytes:
         for method, g, c, compress, limit in cases:
-            result = solve(g, c, float(budget), runtime_budget_factor, compression=compress, time_limit_s=limit, mip_gap=mip_gap, threads=threads)
+            result = solve(g, c, float(budget), runtime_budget_factor, compression=compress, time_limit_s=limit, mip_gap=mip_gap, threads=threads, solver=solver)
             rows.append(
                 {
                     "model": graph.name, "platform": platform.name, "method": method, "ram_budget_bytes": float(budget),

@@ -1,0 +1,59 @@
+"""Not in the paper: the memory-vs-energy frontier of POET, POET with compression (our extension) and
+sparse update on one conv chain, drawn by :mod:`poetlab.techniques.frontier`. The graph is
+:func:`poetlab.paper_models.conv_chain_graph` with autograd's saved tensors
+(:func:`poetlab.techniques.transforms.saved_tensor_graph`), small enough for the compression MILP to
+finish within the preset's limits; every ReLU output is given the configured density."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from poetlab.costs import CostModel
+from poetlab.paper_models import conv_chain_graph
+from poetlab.platforms import load_platform
+from poetlab.poet_solver import min_footprint_bytes
+from poetlab.reproduction.config import TechniquesFrontierConfig
+from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.techniques.frontier import METHODS, frontier_table
+from poetlab.techniques.transforms import saved_tensor_graph
+
+
+def techniques_rows(config: TechniquesFrontierConfig) -> pd.DataFrame:
+    """One row per (method, budget), with the budget's fraction between the smallest footprint (0)
+    and checkpoint-all's peak (1) and the energy over one plain step of the unfrozen graph."""
+    graph = saved_tensor_graph(conv_chain_graph(config.channels, config.side, config.depth))
+    platform = load_platform(config.platform)
+    costs = CostModel.from_flops(graph, platform)
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    footprint, _ = min_footprint_bytes(graph)
+    budgets = {float(footprint + f * (peak - footprint)): f for f in config.fractions}
+    densities = {i: config.relu_density for i, node in enumerate(graph.nodes) if node.kind == "relu" and not node.is_backward}
+    table = frontier_table(
+        graph, platform, densities, list(budgets), config.runtime_factor, config.first_trained, config.density_margin,
+        config.time_limit_s, config.mip_gap, config.threads, config.solver,
+    )
+    table.insert(3, "budget_fraction", table.ram_budget_bytes.map(budgets))
+    table["energy_over_plain"] = table.energy_j.astype(float) / costs.plain_step_energy_j
+    return table
+
+
+def techniques_metrics(table: pd.DataFrame) -> dict[str, object]:
+    """Per method: budgets solved, feasible, and the energy over one plain step at the tightest
+    feasible budget; and whether compression ever lowered POET's energy (and where)."""
+    out: dict[str, object] = {"n_rows": int(len(table)), "model": table.model.iloc[0], "platform": table.platform.iloc[0]}
+    for method in METHODS:
+        mine = table[table.method == method]
+        feasible = mine[mine.feasible]
+        tightest = feasible.loc[feasible.ram_budget_bytes.idxmin()] if len(feasible) else None
+        out[method] = {
+            "n_budgets": int(len(mine)), "n_feasible": int(len(feasible)),
+            "tightest_budget_bytes": None if tightest is None else float(tightest.ram_budget_bytes),
+            "energy_over_plain_at_tightest": None if tightest is None else float(tightest.energy_over_plain),
+            "n_compresses": int(mine.n_compresses.fillna(0).sum()),
+        }
+    energy = table.pivot_table(index="ram_budget_bytes", columns="method", values="energy_j", aggfunc="first")
+    both = energy.dropna(subset=["poet", "poet+compression"]) if {"poet", "poet+compression"} <= set(energy.columns) else energy.iloc[:0]
+    saving = 1 - both["poet+compression"] / both["poet"] if len(both) else pd.Series(dtype=float)
+    out["compression_max_saving"] = float(saving.max()) if len(saving) else None
+    out["compression_never_worse"] = bool((saving >= -1e-9).all())
+    return out
