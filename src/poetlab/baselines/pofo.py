@@ -55,10 +55,9 @@ from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
 from poetlab.baselines.revolve import (
     BlockChain,
     Hold,
-    NotABlockChain,
     Reversal,
-    block_chain,
     fragment_peak,
+    planning_chain,
     reversal_events,
     schedule_from_events,
 )
@@ -311,12 +310,7 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Pofo
     sweep the runtime weight (``LAMBDAS``, then ``BISECTIONS`` halvings between the last weight that
     breaks it and the first that meets it) and keep the cheapest plan that meets it. Raise
     :class:`CannotMeetBudget` when nothing fits."""
-    try:
-        chain = block_chain(graph)
-    except NotABlockChain as exc:
-        raise CannotMeetBudget(f"pofo: not a chain of blocks ({exc})") from None
-    if not budgets.ram_bytes > 0:
-        raise CannotMeetBudget(f"pofo: the RAM budget must be a positive number of bytes, got {budgets.ram_bytes!r}")
+    chain = planning_chain("pofo", graph, budgets)
     # no schedule holds more than every tensor at once: a larger budget only coarsens the slots
     slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
     runtime_s = budgets.runtime_s(costs)

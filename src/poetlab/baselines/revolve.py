@@ -155,6 +155,18 @@ class BlockChain:
         return all(not step.interior for step in self.steps)
 
 
+def planning_chain(method: str, graph: TrainingGraph, budgets: Budgets) -> BlockChain:
+    """The chain of blocks a chain planner (revolve, POFO) works on, or :class:`CannotMeetBudget` naming
+    ``method`` when ``graph`` is not such a chain or the RAM budget is not a positive number of bytes."""
+    try:
+        chain = block_chain(graph)
+    except NotABlockChain as exc:
+        raise CannotMeetBudget(f"{method}: not a chain of blocks ({exc})") from None
+    if not budgets.ram_bytes > 0:
+        raise CannotMeetBudget(f"{method}: the RAM budget must be a positive number of bytes, got {budgets.ram_bytes!r}")
+    return chain
+
+
 def block_chain(graph: TrainingGraph) -> BlockChain:
     """The chain-of-blocks view of ``graph``; raise :class:`NotABlockChain` with the reason if there is none.
 
@@ -354,12 +366,7 @@ def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: Plan
     """The revolve schedule with the most slots that fits ``budgets``; slots are tried from ``L`` (the
     number of steps, where nothing is recomputed on a chain) down to 1, each replayed by the simulator.
     ``options`` (time limit, threads) do not apply: revolve is a closed-form schedule."""
-    try:
-        chain = block_chain(graph)
-    except NotABlockChain as exc:
-        raise CannotMeetBudget(f"revolve: not a chain of blocks ({exc})") from None
-    if not budgets.ram_bytes > 0:
-        raise CannotMeetBudget(f"revolve: the RAM budget must be a positive number of bytes, got {budgets.ram_bytes!r}")
+    chain = planning_chain("revolve", graph, budgets)
     runtime_s = budgets.runtime_s(costs)
     smallest_peak, fastest = math.inf, math.inf
     splits = RevolveSplits()
