@@ -110,3 +110,20 @@ def test_branching_graph_frees_after_last_use():
         users = graph.consumers[op.node]
         assert op.stage == (max(users) if users else op.node)
     assert sim.memory_trace_bytes[-1] == 0
+
+
+def test_page_ins_the_next_stage_does_not_keep_are_dropped(chain):
+    """A time-limited MILP answer may page a tensor in that stage t + 1 does not keep (waste the MILP
+    does not count in t + 1's memory): the decoder drops it instead of carrying it out."""
+    graph, costs = chain
+    schedule = _schedule(graph, [(C, 0, 0), (C, 1, 1), (OUT, 0, 2), (F, 0, 2)] + [(C, t, t) for t in range(2, graph.n_nodes)])
+    m = schedule.matrices()
+    assert m.S_SSD[3, 0] and not m.S_RAM[4, 0]
+    wasteful = m.M_IN.copy()
+    wasteful[3, 0] = True  # page the input in at the end of stage 3 and keep it nowhere
+    rebuilt = Schedule.from_matrices(graph, m.R, m.S_RAM, m.S_SSD, wasteful, m.M_OUT)
+    assert rebuilt.count(IN) == 0
+    kept = wasteful.copy()
+    S_RAM = m.S_RAM.copy()
+    S_RAM[4, 0] = True  # now stage 4 keeps it: the page-in is carried out
+    assert Schedule.from_matrices(graph, m.R, S_RAM, m.S_SSD, kept, m.M_OUT).count(IN) == 1

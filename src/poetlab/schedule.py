@@ -154,6 +154,9 @@ class Schedule:
         S_RAM[t + 1] does not keep is freed. Page-ins happen at the end of the stage, after the frees,
         so the tensor is resident from stage t + 1 on (the release's accounting); with ``prefetch`` they
         are issued at the start of the stage instead, overlapping its compute, and hold RAM during it.
+        An end-of-stage page-in (or decompress) of a tensor that S_RAM[t + 1] does not keep is dropped:
+        a solve stopped at its time limit can leave such waste in its answer, and the MILP does not count
+        that tensor in stage t + 1's memory, so carrying it out would cost energy and could break the budget.
 
         Compression: compresses come first in a stage, beside the page-outs (of tensors resident at the
         stage start); at the end of the stage, compressed copies that S_CMP[t + 1] does not keep are
@@ -206,10 +209,10 @@ class Schedule:
                 ops.append(Op(OpKind.FREE_COMPRESSED, int(i), t))
                 compressed[i] = False
             if not prefetch:
-                for i in np.flatnonzero(M_IN[t]):
+                for i in np.flatnonzero(M_IN[t] & keep):
                     ops.append(Op(OpKind.PAGE_IN, int(i), t))
                     resident[i] = True
-            for i in np.flatnonzero(M_DCMP[t] & compressed & ~resident):
+            for i in np.flatnonzero(M_DCMP[t] & keep & compressed & ~resident):
                 ops.append(Op(OpKind.DECOMPRESS, int(i), t))
                 resident[i] = True
                 if not keep_compressed[i]:
