@@ -61,8 +61,15 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     graph = trace_torch_model("bert_small_torch")
     assert [n.name for n in model.nodes] == [n.name for n in graph.nodes]
     assert all(n.runtime_s > 0 for n, g in zip(model.nodes, graph.nodes) if g.kind != "input")
+    raw = CostModel.from_profile(graph, loaded, calibrate=False)
+    assert raw.runtime_s.sum() == pytest.approx(model.node_runtime_sum_s)
+    assert raw.runtime_s.tolist() == [n.runtime_s for n in model.nodes]
+    # calibrated (the default): one factor per model, so that a plain step is the measured whole step
     costs = CostModel.from_profile(graph, loaded)
-    assert costs.runtime_s.sum() == pytest.approx(model.node_runtime_sum_s)
+    assert costs.plain_step_runtime_s == pytest.approx(model.step_runtime_s)
+    factor = model.step_runtime_s / model.node_runtime_sum_s
+    assert np.allclose(costs.runtime_s, raw.runtime_s * factor) and np.allclose(costs.compute_energy_j, raw.compute_energy_j * factor)
+    assert np.array_equal(costs.pagein_time_s, raw.pagein_time_s)  # paging is measured on its own, not scaled
     assert np.all(costs.pageout_time_s > 0) and costs.platform == "host"
     by_flops = CostModel.from_flops(trace_torch_model("bert_small_torch", fuse=True), loaded.platform())
     assert by_flops.runtime_s.sum() > 0

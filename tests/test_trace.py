@@ -228,3 +228,48 @@ def test_untraceable_module_names_the_operation_and_the_way_out():
     assert "module 'gate' (Gate)" in message and "leaf_modules=('gate',)" in message
     graph = trace(DataDependent(), torch.randn(2, 4), lambda out: out.sum(), leaf_modules=("gate",))
     assert [node.kind for node in graph.nodes if not node.is_backward] == ["input", "Linear", "Gate", "loss"]
+
+
+def test_gradients_and_batch_of_a_traced_graph_are_pinned(tmp_path):
+    """A traced graph's gradients live in autograd's engine and its batch is the caller's: the simulator
+    refuses a schedule that pages or recomputes one, and no planner proposes one (POET's MILP at a
+    budget tight enough to page and recompute, the greedy starts, DTR, Capuchin)."""
+    import poetlab
+    from poetlab.baselines import capuchin, dtr
+    from poetlab.baselines.base import Budgets, CannotMeetBudget
+    from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
+    from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
+
+    torch.manual_seed(0)
+    module = ResNet18(10, width=4).train()
+    graph = trace(module, torch.randn(2, 3, 16, 16), nn.CrossEntropyLoss(), torch.tensor([1, 2]), fuse=True)
+    pinned = graph.pinned
+    assert pinned.sum() == len(graph.backward_indices) + 1 and not pinned[list(graph.forward_indices)[1:]].any()
+    assert TrainingGraph.load(graph.save(tmp_path / "g.json")).pinned.tolist() == pinned.tolist()
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    ops = list(checkpoint_all_schedule(graph).ops)
+    gradient = next(i for i in graph.backward_indices if graph.consumers[i])
+    at = next(k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == gradient)
+    paged = ops[: at + 1] + [Op(OpKind.PAGE_OUT, gradient, ops[at].stage)] + ops[at + 1 :]
+    with pytest.raises(InvalidScheduleError, match="autograd's engine"):
+        simulate(Schedule(graph.n_nodes, tuple(paged)), graph, costs)
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    schedules = []
+    for fraction in (0.5, 0.6):
+        budget = fraction * full
+        schedules += [greedy_paging_schedule(graph, costs, budget), greedy_remat_schedule(graph, costs, budget)]
+        for planner in (dtr.plan, capuchin.plan):
+            try:
+                schedules.append(planner(graph, costs, Budgets(budget, None)))
+            except CannotMeetBudget:
+                pass
+        schedules.append(poetlab.solve(graph, costs, budget, time_limit_s=2).schedule)
+    schedules = [s for s in schedules if s is not None]
+    assert len(schedules) >= 4
+    assert any(op.kind is OpKind.PAGE_OUT for s in schedules for op in s.ops)
+    assert any(op.kind is OpKind.COMPUTE and graph.nodes[op.node].kind != "input" and op.stage != op.node for s in schedules for op in s.ops)
+    for schedule in schedules:
+        simulate(schedule, graph, costs)
+        assert not any(op.kind is OpKind.PAGE_OUT and pinned[op.node] for op in schedule.ops)
+        computes = [op.node for op in schedule.ops if op.kind is OpKind.COMPUTE]
+        assert all(computes.count(i) == 1 for i in map(int, pinned.nonzero()[0]))

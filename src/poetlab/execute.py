@@ -32,11 +32,22 @@ written by hand, so any traced model runs:
   the whole step succeeded, so a failing step leaves parameters, gradients and BatchNorm buffers as
   they were.
 
-What the executor cannot honour, it counts rather than hides: gradients (backward nodes' outputs) live in
-autograd's engine, which frees each after its last use as the schedule does, but page-outs, page-ins and
-recomputes of backward nodes are skipped (``n_skipped_ops``), as are frees and page-outs of the batch,
-which belongs to the caller; a saved tensor the schedule did not hold when autograd asked for it is either
-an error (``strict=True``) or fetched on demand (``n_unplanned``).
+**Only what the schedule changes is managed.** A forward node that the schedule computes once and frees
+after its last use is what plain PyTorch does by itself (autograd keeps what it saved until the backward
+node that reads it has run; reference counting frees the rest), so such nodes run without storage
+records, saved-tensor hooks or backward pre-hooks, and the executor only drops its own references at
+their free. The machinery (records, hooks, the pre-hooks that advance the schedule) is switched on for
+the nodes the schedule frees early, pages, compresses or recomputes, the inputs of recomputed nodes, and
+the nodes that read them (``_managed_nodes``). Its cost then follows what the schedule asks for rather
+than the model's size: a checkpoint-all schedule runs at close to a plain step's speed.
+
+Gradients (backward nodes' outputs) live in autograd's engine, which frees each after its last use as
+the schedule does, and the batch belongs to the caller: a traced graph pins them
+(:attr:`poetlab.TrainingGraph.pinned`), so the simulator refuses and no planner proposes a schedule that
+pages or recomputes one. What the executor still cannot honour, it counts rather than hides: the
+schedule's frees of the batch, and paging or recomputing a pinned node in a schedule made some other way
+(``n_skipped_ops``); a saved tensor the schedule did not hold when autograd asked for it is either an
+error (``strict=True``) or fetched on demand (``n_unplanned``).
 
 Why storages and not ``torch.utils.checkpoint``: checkpointing recomputes whole regions chosen before the
 step, and its recompute happens when the backward first needs them. A POET schedule decides per tensor
@@ -193,6 +204,91 @@ def _bind(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
     )
 
 
+@dataclass(frozen=True)
+class _CompiledGroup:
+    """A forward node's fx nodes as one generated Python function (``torch.fx`` code generation):
+    ``run(*values of deps)`` returns the values of the group's external fx nodes, the output last. It
+    runs the very operations, in the same order, that interpreting the fx nodes one by one would, without
+    the interpreter's per-node Python work (argument mapping, lookups), which dominated the executor's
+    own overhead on models of many small operations."""
+
+    deps: tuple[fx.Node, ...]
+    run: Callable[..., tuple[object, ...]]
+
+
+def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tuple[str, ...]) -> _CompiledGroup | None:
+    """The group as a :class:`_CompiledGroup`, or None for a group of one fx node (calling its module
+    or function directly is as fast), one that reads the caller's inputs (placeholders stay
+    interpreted) or one without fx nodes (backward nodes)."""
+    if len(members) < 2 or any(m.op not in ("call_module", "call_function", "call_method", "get_attr") for m in members):
+        return None
+    inside = {m.name for m in members}
+    deps: dict[str, fx.Node] = {}
+    for m in members:
+        for d in m.all_input_nodes:
+            if d.name not in inside:
+                deps.setdefault(d.name, d)
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
+    for m in members:
+        env[m] = sub.node_copy(m, lambda n: env[n])
+    by_name = {m.name: env[m] for m in members}
+    sub.output(tuple(by_name[name] for name in external))
+    module = fx.GraphModule(gm, sub)
+    return _CompiledGroup(tuple(deps.values()), module.forward)
+
+
+def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) -> tuple[frozenset[int], frozenset[int], frozenset[int]]:
+    """(managed, packed, hooked): which nodes need the executor's machinery, found once from the schedule.
+
+    A forward node is *managed* when the schedule does more with it than plain autograd would: it frees
+    it while a later operation still reads it (to recompute it or page it back in, or by mistake, which
+    strict mode reports), pages or compresses it, recomputes it, or recomputes a node that reads it. Every
+    other forward node is computed once and freed after its last use, which is what PyTorch does by
+    itself: autograd keeps what it saved until the backward node that reads it has run, reference
+    counting frees the rest. Such nodes run without bookkeeping of their storages, without
+    saved-tensor hooks, and their values are dropped at their free (or when the backward pass begins).
+    *packed* nodes run under the saved-tensor hooks: the managed ones and those that read one (so that
+    autograd's reads of managed storages are checked and wait for a prefetch). *hooked* backward nodes
+    get the pre-hook that advances the schedule: those before whose compute the schedule does something
+    to a managed node. The machinery's cost then follows what the schedule asks for, not the model's size.
+    """
+    nodes = graph.nodes
+    forward = [not node.is_backward and i not in binding.inputs for i, node in enumerate(nodes)]
+    readers: dict[int, list[int]] = {}
+    for j, node in enumerate(nodes):
+        for i in node.inputs:
+            readers.setdefault(i, []).append(j)
+    computes: dict[int, list[int]] = {}  # node -> positions of its computes
+    for position, op in enumerate(schedule.ops):
+        if op.kind is OpKind.COMPUTE:
+            computes.setdefault(op.node, []).append(position)
+    last_read = {i: max((p for j in readers.get(i, ()) for p in computes.get(j, ())), default=-1) for i in range(len(nodes))}
+    managed: set[int] = set()
+    for position, op in enumerate(schedule.ops):
+        i = op.node
+        if not forward[i]:
+            continue
+        if op.kind is OpKind.FREE:
+            if position < last_read[i]:
+                managed.add(i)
+        elif op.kind is not OpKind.COMPUTE or len(computes[i]) > 1:
+            managed.add(i)
+            if op.kind is OpKind.COMPUTE:
+                managed.update(k for k in nodes[i].inputs if forward[k])
+    packed = managed | {j for j, node in enumerate(nodes) if forward[j] and any(k in managed for k in node.inputs)}
+    hooked: set[int] = set()
+    pending = False
+    for op in schedule.ops:
+        if op.node in managed:
+            pending = True
+        if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None:
+            if pending:
+                hooked.add(op.node)
+            pending = False
+    return frozenset(managed), frozenset(packed), frozenset(hooked)
+
+
 def _detached(value: object) -> object:
     """Detached aliases of the tensors in ``value``, requiring grad where the originals did, so that a
     rerun saves the same tensors for backward as the first run did."""
@@ -250,6 +346,7 @@ class _NodeState:
     on_flash: bool = False
     rng_state: torch.Tensor | None = None
     n_packs: int = 0
+    unmanaged_keys: tuple[int, ...] = ()  # storage keys of an unmanaged node's values, while they live
 
 
 class _Saved:
@@ -306,25 +403,33 @@ class ScheduleExecutor:
         self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         self._group_of: dict[str, int] = {m.name: i for i, ms in enumerate(self.binding.members) for m in ms}
         # fx names whose values are read outside their group (kept for the whole step)
-        self._external: list[set[str]] = []
+        self._external: list[tuple[str, ...]] = []
         for i, ms in enumerate(self.binding.members):
             names = {m.name for m in ms}
-            ext = {m.name for m in ms if any(u.name not in names for u in m.users)}
-            if ms:
-                ext.add(ms[-1].name)
-            self._external.append(ext)
+            ext = [m.name for m in ms if any(u.name not in names for u in m.users)]
+            if ms and ms[-1].name not in ext:
+                ext.append(ms[-1].name)
+            self._external.append(tuple(ext))
+        self._compiled = [
+            _compile_group(self.gm, ms, ext) if i != self.binding.loss else None
+            for i, (ms, ext) in enumerate(zip(self.binding.members, self._external, strict=True))
+        ]
+        self._managed, self._packed, self._hooked = _managed_nodes(graph, schedule, self.binding)
+        self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
+        self._buffer_backup: list[torch.Tensor] | None = None
 
     def _set_aside_grads(self) -> None:
         self._aside = [p.grad for p in self.params]
-        for p in self.params:
-            p.grad = None
+        for p, old in zip(self.params, self._aside, strict=True):
+            if old is not None:
+                p.grad = None
 
     def _restore_grads(self, add: bool) -> None:
         """Put the gradients set aside back: alone (after a failure) or plus this step's, as
         ``backward`` accumulates (in place, so the bits are those of a plain accumulation)."""
         aside, self._aside = getattr(self, "_aside", None), None
-        if aside is None:
-            return
+        if aside is None or (add and all(old is None for old in aside)):
+            return  # (nothing was set aside: this step's gradients are the gradients)
         with torch.no_grad():
             for p, old in zip(self.params, aside, strict=True):
                 new = p.grad if add else None
@@ -340,7 +445,12 @@ class ScheduleExecutor:
         """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would."""
         run = _Run(self, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), targets)
         # BatchNorm's running statistics change during the forward pass: kept to put back on failure
-        buffers = torch._foreach_mul(self.buffers, 1) if self.buffers else []
+        # (copied into buffers allocated once, so that a step allocates nothing for it)
+        if self._buffer_backup is None:
+            self._buffer_backup = [torch.empty_like(b) for b in self.buffers]
+        buffers = self._buffer_backup
+        if buffers:
+            torch._foreach_copy_(buffers, self.buffers)
         try:
             cpu_start = time.thread_time()
             if measure_memory:
@@ -357,9 +467,9 @@ class ScheduleExecutor:
                 peak = total_peak = None
             cpu = time.thread_time() - cpu_start
         except BaseException:
-            with torch.no_grad():
-                for b, saved in zip(self.buffers, buffers, strict=True):
-                    b.copy_(saved)
+            if buffers:
+                with torch.no_grad():
+                    torch._foreach_copy_(self.buffers, buffers)
             self._restore_grads(add=False)
             raise
         finally:
@@ -402,8 +512,9 @@ class _Run:
         self.records: dict[int, _Storage] = {}  # storage key -> record
         self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.constants, *_tensors(targets)]}
         self.store: PageStore | None = None
-        if any(op.kind is OpKind.PAGE_OUT for op in ex.schedule.ops):
+        if ex._has_pageouts:
             self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
+        self.unmanaged_keys: dict[int, int] = {}  # storage key -> the unmanaged node whose output it is
         self.cursor = 0
         self.current: int | None = None
         self.current_packs = 0
@@ -429,15 +540,19 @@ class _Run:
     def go(self) -> list[torch.Tensor | None]:
         ops = self.ex.schedule.ops
         forward_of = self.ex.binding.forward_of
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            while self.cursor < len(ops):
-                op = ops[self.cursor]
-                if op.kind is OpKind.COMPUTE and forward_of[op.node] is not None:
-                    break  # the first backward compute: autograd's engine takes over from here
-                self._do(op)
-                self.cursor += 1
+        while self.cursor < len(ops):
+            op = ops[self.cursor]
+            if op.kind is OpKind.COMPUTE and forward_of[op.node] is not None:
+                break  # the first backward compute: autograd's engine takes over from here
+            self._do(op)
+            self.cursor += 1
         if self.loss is None:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
+        # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
+        # autograd saved of them, it keeps; the rest goes now, as it would in a plain step
+        for i, st in enumerate(self.state):
+            if st.computed and i not in self.ex._managed and i not in self.ex.binding.inputs:
+                self._drop_values(i)
         # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
         self.ex._set_aside_grads()
         self.loss.backward()
@@ -492,6 +607,8 @@ class _Run:
             return
         if op.kind is OpKind.FREE:
             self._set_in_ram(i, False)
+            if i not in self.ex._managed:
+                self._drop_values(i)
         elif op.kind is OpKind.PAGE_OUT:
             assert self.store is not None
             for record in st.owned:
@@ -545,6 +662,16 @@ class _Run:
             for record in st.owned:
                 self.planned -= record.packed.nbytes
                 record.packed = None
+
+    def _drop_values(self, i: int) -> None:
+        """Forget unmanaged node ``i``'s values: their memory goes when autograd no longer needs it."""
+        for name in self.ex._external[i]:
+            self.values.pop(name, None)
+        # (the keys go too: once its memory is freed, a new storage may come to have the same key)
+        for key in self.state[i].unmanaged_keys:
+            if self.unmanaged_keys.get(key) == i:
+                del self.unmanaged_keys[key]
+        self.state[i].unmanaged_keys = ()
 
     def _set_in_ram(self, i: int, in_ram: bool) -> None:
         """Node ``i`` enters or leaves RAM: count its storages' users, free those nobody holds."""
@@ -640,6 +767,10 @@ class _Run:
         if i == binding.loss:
             model_out = fx.node.map_arg(binding.output_arg, lambda d: self._resolve(d, {}, detach, reader))
             return {}, self.ex.loss_fn(model_out, self.targets)
+        compiled = self.ex._compiled[i]
+        if compiled is not None:
+            results = compiled.run(*[self._resolve(d, {}, detach, reader) for d in compiled.deps])
+            return dict(zip(self.ex._external[i], results, strict=True)), results[-1]
         local: dict[str, object] = {}
         out: object = None
         for m in binding.members[i]:
@@ -652,8 +783,12 @@ class _Run:
         rng_before = torch.get_rng_state() if draws is not False else None
         self.current, self.current_packs, self.pending_own = i, 0, []
         try:
-            with torch.enable_grad():
-                values, out = self._run_group(i, detach=False)
+            if i in self.ex._packed:
+                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), torch.enable_grad():
+                    values, out = self._run_group(i, detach=False)
+            else:
+                with torch.enable_grad():
+                    values, out = self._run_group(i, detach=False)
         finally:
             self.current = None
         st.n_packs = self.current_packs
@@ -669,24 +804,51 @@ class _Run:
             self.constant_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
         # what it owns: its values' new storages, then those autograd saved that nobody else made
         candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
-        candidates += [(t, ("pack", position)) for position, t in self.pending_own]
-        self.pending_own = []
-        held: dict[int, _Storage] = {}
-        for t, source in candidates:
-            storage = t.untyped_storage()
-            key = _key(storage)
-            if key in self.constant_keys or key in held:
-                continue
-            record = self.records.get(key)
-            if record is None:
-                record = _Storage(storage, storage.nbytes(), i, len(st.owned), source)
-                self.records[key] = record
-                st.owned.append(record)
-            held[key] = record
-        st.held = list(held.values())
+        managed = i in self.ex._managed
+        keys = [_key(t.untyped_storage()) for t, _ in candidates]
+        if not managed and not any(key in self.records for key in keys):
+            # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
+            st.unmanaged_keys = tuple(key for key in keys if key not in self.constant_keys)
+            self.unmanaged_keys.update(dict.fromkeys(st.unmanaged_keys, i))
+            self.pending_own = []
+        else:
+            candidates += [(t, ("pack", position)) for position, t in self.pending_own]
+            self.pending_own = []
+            held: dict[int, _Storage] = {}
+            for t, source in candidates:
+                storage = t.untyped_storage()
+                key = _key(storage)
+                if key in self.constant_keys or key in held:
+                    continue
+                record = self.records.get(key)
+                if record is None:
+                    producer = self.unmanaged_keys.get(key)
+                    if producer is not None and source[0] == "pack":
+                        continue  # autograd saved an unmanaged node's output: not ours to free
+                    if producer is not None:  # a view of an unmanaged node's output: that node owns it
+                        record = self._adopt(producer, storage)
+                    else:
+                        record = _Storage(storage, storage.nbytes(), i, len(st.owned), source)
+                        st.owned.append(record)
+                    self.records[key] = record
+                held[key] = record
+            st.held = list(held.values())
         st.computed = True
         self._set_in_ram(i, True)
-        self._hook_backward(i, out if i == self.ex.binding.loss else list(values.values()))
+        if self.ex.binding.backward_of_forward.get(i) in self.ex._hooked:
+            self._hook_backward(i, out if i == self.ex.binding.loss else list(values.values()))
+
+    def _adopt(self, producer: int, storage: torch.UntypedStorage) -> _Storage:
+        """A managed node's output shares unmanaged ``producer``'s memory (a view, an identity): the
+        storage gets a record owned by the producer, held by it while it is in RAM, so that it is freed
+        only when neither needs it."""
+        st = self.state[producer]
+        record = _Storage(storage, storage.nbytes(), producer, len(st.owned), ("value", self.ex._external[producer][-1], 0))
+        st.owned.append(record)
+        st.held.append(record)
+        if st.in_ram:
+            record.refs += 1
+        return record
 
     def _hook_backward(self, i: int, value: object) -> None:
         """A pre-hook on the autograd nodes of forward node ``i``'s outputs, to drive the schedule. The
@@ -743,6 +905,8 @@ class _Run:
         if key in self.constant_keys:
             return _Saved(t, None)
         record = self.records.get(key)
+        if record is None and key in self.unmanaged_keys:
+            return _Saved(t.detach(), None)  # an unmanaged node's output: nothing to check
         if record is None and self.current is not None:
             self.pending_own.append((position, t))
         return _Saved(t.detach(), record if record is not None else _PendingRecord(self, key))

@@ -106,6 +106,20 @@ class TrainingGraph:
     def backward_indices(self) -> tuple[int, ...]:
         return tuple(i for i, node in enumerate(self.nodes) if node.is_backward)
 
+    @cached_property
+    def pinned(self) -> np.ndarray:
+        """Per node, whether every schedule must compute it exactly once and hold it until its last use
+        (no recompute, no paging): in a graph whose backward pass is autograd's
+        (``metadata["gradients_in_engine"]``, set by :func:`poetlab.trace`), the gradients and the
+        caller's batch. Autograd's engine holds each gradient from the node that makes it to the one
+        that reads it, out of any executor's reach, and the batch belongs to the caller, so a plan that
+        pages or recomputes one could not be carried out as planned."""
+        mask = np.zeros(self.n_nodes, dtype=bool)
+        if self.metadata.get("gradients_in_engine"):
+            mask[[i for i, node in enumerate(self.nodes) if node.is_backward or (node.kind == "input" and not node.inputs)]] = True
+        mask.setflags(write=False)
+        return mask
+
     # ---- arrays for planners ------------------------------------------------------------------
     @cached_property
     def output_bytes(self) -> np.ndarray:

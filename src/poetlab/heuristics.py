@@ -71,7 +71,7 @@ def greedy_paging_schedule(
     while memory.max() > ram_budget_bytes:
         t = int(memory.argmax())
         best, best_score = None, 0.0
-        for i in np.flatnonzero(S_RAM[t] & ~is_input[t]):
+        for i in np.flatnonzero(S_RAM[t] & ~is_input[t] & ~graph.pinned):
             earlier = [u for u in uses[i] if u < t]
             previous = max(earlier) if earlier else int(i)
             following = min(u for u in uses[i] if u > t)
@@ -157,7 +157,7 @@ def greedy_remat_schedule(
         read_in_stage = np.zeros(T, dtype=bool)
         for k in np.flatnonzero(R[t]):
             read_in_stage[list(set(graph.nodes[k].inputs))] = True
-        candidates = np.flatnonzero(S_RAM[t] & ~read_in_stage)
+        candidates = np.flatnonzero(S_RAM[t] & ~read_in_stage & ~graph.pinned)
         if candidates.size == 0:
             return None
         i = int(candidates[np.argmax(nbytes[candidates] / energy[candidates])])

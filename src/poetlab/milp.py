@@ -210,11 +210,12 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     strict = node < stage  # (t, i) with i < t
     diagonal = node == stage
 
+    movable = ~graph.pinned[None, :]  # pinned nodes (a traced graph's gradients) are neither recomputed nor paged
     cols = _Columns()
-    R = cols.add(lower_incl if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, costs.compute_energy_j[None, :])
+    R = cols.add((lower_incl & movable) | diagonal if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, costs.compute_energy_j[None, :])
     S_RAM = cols.add(strict, 0.0, 1.0, True)
     none = np.zeros((T, T), dtype=bool)
-    paging = strict if options.paging else none
+    paging = strict & movable if options.paging else none
     S_SSD = cols.add(paging, 0.0, 1.0, True)
     M_IN = cols.add(paging, 0.0, 1.0, True, costs.pagein_energy_j[None, :])
     M_OUT = cols.add(paging, 0.0, 1.0, True, costs.pageout_energy_j[None, :])

@@ -289,6 +289,7 @@ def simulate(
     on_flash = np.zeros(T, dtype=bool)
     compressed = np.zeros(T, dtype=bool)
     computed = np.zeros(T, dtype=bool)
+    pinned = graph.pinned
     compression = costs.compression
     used = int(fixed_bytes)
     compression_energy = compression_time = 0.0
@@ -306,6 +307,8 @@ def simulate(
             raise InvalidScheduleError(step, op, f"stage {op.stage} comes after stage {last_stage}")
         last_stage = op.stage
         if op.kind is OpKind.COMPUTE:
+            if computed[i] and pinned[i]:
+                raise InvalidScheduleError(step, op, f"recomputes {graph.nodes[i].name}, a gradient held by autograd's engine (only forward nodes of a traced graph can be recomputed)")
             missing = [j for j in inputs[i] if not in_ram[j]]
             if missing:
                 raise InvalidScheduleError(step, op, f"input {graph.nodes[missing[0]].name} (node {missing[0]}) is not in RAM")
@@ -324,6 +327,8 @@ def simulate(
         elif op.kind is OpKind.PAGE_OUT:
             if not in_ram[i]:
                 raise InvalidScheduleError(step, op, "pages out a tensor that is not in RAM")
+            if pinned[i]:
+                raise InvalidScheduleError(step, op, f"pages out {graph.nodes[i].name}, a gradient held by autograd's engine (only forward nodes of a traced graph can be paged)")
             on_flash[i] = True
             pageout_energy += costs.pageout_energy_j[i]
             paging_time += costs.pageout_time_s[i]

@@ -519,6 +519,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
         "internal_saved_bytes": internal_bytes,
         "fx_code": gm.code,
         "torch_version": torch.__version__,
+        "gradients_in_engine": True,  # backward nodes' outputs live in autograd's engine: TrainingGraph.pinned
     }
     traced = _Traced(gm, TrainingGraph(name, tuple(nodes), metadata), groups, record, loss_fn, targets, loss_name, output_node.args[0])
     flops = [_node_flops(traced, i) for i in range(len(nodes))]

@@ -277,7 +277,7 @@ def candidates_at(
     present = keep[stage].copy()
     present[[e.tensor for e in evictions if e.mode is Mode.SWAP and e.in_stage == stage]] = True
     found = []
-    for i in map(int, np.flatnonzero(present & (graph.output_bytes > 0))):
+    for i in map(int, np.flatnonzero(present & (graph.output_bytes > 0) & ~graph.pinned)):
         interval = idle_interval(prof.accesses[i], stage)
         if interval is None:
             continue

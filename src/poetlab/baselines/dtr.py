@@ -72,7 +72,7 @@ class DtrGraph:
             nbytes=graph.output_bytes.astype(np.int64),
             cost_s=np.asarray(costs.runtime_s, dtype=float),
             last_use=np.array([max(users, default=i) for i, users in enumerate(consumers)]),
-            pinned=np.array([pin_sources and not node.inputs for node in graph.nodes], dtype=bool),
+            pinned=np.array([pin_sources and not node.inputs for node in graph.nodes], dtype=bool) | graph.pinned,
             names=tuple(node.name for node in graph.nodes),
         )
 
