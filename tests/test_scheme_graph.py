@@ -27,7 +27,7 @@ from poetlab.execute import execute, memory_allowance_bytes
 from poetlab.poet_solver import min_footprint_bytes
 from poetlab.schedule import checkpoint_all_schedule, simulate
 from poetlab.techniques.sparse_update import SparseUpdateScheme, parse_scheme, scheme_memory_bytes, updatable_layers
-from poetlab.techniques.transforms import scheme_graph
+from poetlab.techniques.transforms import scheme_graph, sparse_update_graph
 from poetlab.torch_models import MobileNetV2
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
@@ -157,3 +157,6 @@ def test_scheme_graph_refuses_what_is_not_a_scheme(cnn):
         scheme_graph(module, "last-2", x, LOSS, y)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="unknown sparse-update scheme"):
         parse_scheme("first-2", module)
+    traced = scheme_graph(module, SparseUpdateScheme.full_update(), x, LOSS, y).graph
+    with pytest.raises(InvalidArgumentError, match="traced graph"):
+        sparse_update_graph(traced, 3)  # the paper graphs' transform relies on the release's node pairs

@@ -228,3 +228,16 @@ def test_untraceable_module_names_the_operation_and_the_way_out():
     assert "module 'gate' (Gate)" in message and "leaf_modules=('gate',)" in message
     graph = trace(DataDependent(), torch.randn(2, 4), lambda out: out.sum(), leaf_modules=("gate",))
     assert [node.kind for node in graph.nodes if not node.is_backward] == ["input", "Linear", "Gate", "loss"]
+
+
+def test_fused_inplace_activation_is_counted_once():
+    """A ReLU(inplace=True) fused after its convolution writes the group's output into the storage the
+    convolution allocated: that storage is the group's output (counted once), not an internal tensor."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Flatten())
+    x = torch.randn(1, 3, 8, 8)
+    graph = trace(module, x, lambda out: out.square().mean(), fuse=True)
+    for node in graph.nodes:
+        if not node.is_backward and node.kind.startswith("Conv2d"):
+            assert node.kind.startswith("Conv2d+ReLU")
+            assert node.output_bytes == 4 * 8 * 8 * 4 and graph.metadata["internal_saved_bytes"][node.name] == 0

@@ -65,6 +65,8 @@ def sparse_update_graph(graph: TrainingGraph, first_trained: int) -> TrainingGra
     """``graph`` with every layer before forward node ``first_trained`` frozen: the release's chain of
     gradient nodes stops at the pair (first_trained, first_trained + 1), so the gradient nodes of the
     earlier pairs are dropped. Node order and the forward nodes are kept; indices are renumbered."""
+    if graph.metadata.get("source") == "poetlab.trace":
+        raise InvalidArgumentError(f"{graph.name} is a traced graph; freeze its layers with scheme_graph (CLI: --sparse-update) instead of first_trained")
     forward = graph.forward_indices
     if not 0 < first_trained < len(forward):
         raise InvalidArgumentError(f"first trained layer must be a forward node index in 1..{len(forward) - 1}, got {first_trained!r}")
