@@ -160,3 +160,25 @@ def test_scheme_graph_refuses_what_is_not_a_scheme(cnn):
     traced = scheme_graph(module, SparseUpdateScheme.full_update(), x, LOSS, y).graph
     with pytest.raises(InvalidArgumentError, match="traced graph"):
         sparse_update_graph(traced, 3)  # the paper graphs' transform relies on the release's node pairs
+
+
+def test_frontier_plans_sparse_update_on_the_schemes_graph():
+    """The techniques frontier's sparse-update series: POET on the scheme graph of the same real chain
+    that POET plans; its step is cheaper and smaller. Giving a paper-style frozen prefix too is refused."""
+    from poetlab.reproduction.config import TechniquesFrontierConfig
+    from poetlab.reproduction.techniques_frontier import conv_chain_graphs
+    from poetlab.techniques.frontier import frontier_table
+
+    config = TechniquesFrontierConfig(8, 8, 3, "m4", 0.3, 0.1, "last-2", (1.0,), 2.0, 5.0, 0.0, 1, "highs")
+    graph, sparse = conv_chain_graphs(config)
+    assert sparse.metadata["sparse_update_scheme"] == "last-2"
+    assert sum(n.is_backward for n in sparse.nodes) < sum(n.is_backward for n in graph.nodes)
+    assert 0 < sparse.param_bytes < graph.param_bytes
+    platform = poetlab.load_platform("m4")
+    costs = poetlab.CostModel.from_flops(graph, platform)
+    budget = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    table = frontier_table(graph, platform, {}, [budget], sparse_graph=sparse, time_limit_s=5, threads=1, solver="highs").set_index("method")
+    assert table.feasible.all()
+    assert table.energy_j["sparse update"] < table.energy_j["poet"] and table.peak_ram_bytes["sparse update"] < table.peak_ram_bytes["poet"]
+    with pytest.raises(InvalidArgumentError, match="not both"):
+        frontier_table(graph, platform, {}, [budget], first_trained=3, sparse_graph=sparse)
