@@ -211,6 +211,7 @@ def test_every_preset_has_valid_reproduction_params():
         ("claims", "gap_tolerence", 0.1, "presets.smoke.claims.gap_tolerence is not a parameter of this stage"),
         ("techniques_frontier", "relu_density", 1.5, "presets.smoke.techniques_frontier.relu_density must be a number in [0, 1]"),
         ("techniques_frontier", "solver", "cplex", "presets.smoke.techniques_frontier.solver is an unknown solver 'cplex'"),
+        ("techniques_frontier", "sparse_scheme", "last-9", "presets.smoke.techniques_frontier.sparse_scheme is not a sparse-update scheme: 'last-9'"),
     ],
 )
 def test_bad_params_name_the_key(tmp_path, stage, key, value, message):
@@ -306,7 +307,7 @@ def test_smoke_feasibility(smoke_outputs):
 
 def test_smoke_techniques_frontier(smoke_outputs):
     m = metrics(smoke_outputs, "techniques_frontier")
-    assert m["model"] == "conv_chain+saved" and m["n_rows"] == 6
+    assert m["model"] == "conv_chain_torch" and m["n_rows"] == 6
     assert all(m[method]["n_feasible"] == 2 for method in ("poet", "poet+compression", "sparse update"))
     assert m["poet+compression"]["n_compresses"] > 0 and m["compression_never_worse"]
     assert m["compression_max_saving"] > 0.05  # compression beats recomputation at the tight budget

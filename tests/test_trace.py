@@ -273,3 +273,16 @@ def test_gradients_and_batch_of_a_traced_graph_are_pinned(tmp_path):
         assert not any(op.kind is OpKind.PAGE_OUT and pinned[op.node] for op in schedule.ops)
         computes = [op.node for op in schedule.ops if op.kind is OpKind.COMPUTE]
         assert all(computes.count(i) == 1 for i in map(int, pinned.nonzero()[0]))
+
+
+def test_fused_inplace_activation_is_counted_once():
+    """A ReLU(inplace=True) fused after its convolution writes the group's output into the storage the
+    convolution allocated: that storage is the group's output (counted once), not an internal tensor."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Flatten())
+    x = torch.randn(1, 3, 8, 8)
+    graph = trace(module, x, lambda out: out.square().mean(), fuse=True)
+    for node in graph.nodes:
+        if not node.is_backward and node.kind.startswith("Conv2d"):
+            assert node.kind.startswith("Conv2d+ReLU")
+            assert node.output_bytes == 4 * 8 * 8 * 4 and graph.metadata["internal_saved_bytes"][node.name] == 0

@@ -145,8 +145,27 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
     return graph, costs
 
 
+def _scheme_graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:
+    """``--sparse-update SCHEME``: the traced graph of the torch model with the scheme applied for real
+    (:func:`poetlab.techniques.transforms.scheme_graph`), costed like any traced graph."""
+    from poetlab.techniques.sparse_update import parse_scheme
+    from poetlab.techniques.transforms import scheme_graph
+    from poetlab.torch_models import TORCH_MODELS, build_torch_model
+
+    if args.model not in TORCH_MODELS:
+        hint = f" (try {args.model}_torch, or --freeze-before N on the paper graph)" if f"{args.model}_torch" in TORCH_MODELS else ""
+        raise InvalidArgumentError(f"--sparse-update applies to traced torch models; {args.model!r} is not one{hint}; valid: {', '.join(TORCH_MODELS)}")
+    if args.freeze_before is not None:
+        raise InvalidArgumentError("give --sparse-update or --freeze-before, not both (--freeze-before is for paper models)")
+    platform = None if args.platform == HOST else load_platform(args.platform, args.platform_dir)
+    built = build_torch_model(args.model, args.batch_size)
+    scheme = parse_scheme(args.sparse_update, built.module)
+    graph = scheme_graph(built.module, scheme, built.inputs, built.loss_fn, built.targets, fuse=args.fuse, name=args.model).graph
+    return graph, (_host_costs(graph, args) if platform is None else CostModel.from_flops(graph, platform))
+
+
 def _cmd_solve(args: argparse.Namespace) -> int:
-    graph, costs = _graph_and_costs(args)
+    graph, costs = _scheme_graph_and_costs(args) if args.sparse_update is not None else _graph_and_costs(args)
     graph, costs = _technique_graph_and_costs(args, graph, costs)
     result = solve(
         graph,
@@ -171,7 +190,8 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         title = f"{args.model} on {args.platform}: {result.status}, {result.energy_j:.6g} J"
         save_figure(schedule_figure(result.schedule, result.simulation, args.ram_budget, title), args.plot)
     if args.json:
-        print(json.dumps({"model": args.model, "platform": costs.platform, **result.to_dict()}, indent=2))
+        extra = {"sparse_update": graph.metadata["sparse_update_scheme"], "trained_param_bytes": graph.param_bytes} if args.sparse_update is not None else {}
+        print(json.dumps({"model": args.model, "platform": costs.platform, **extra, **result.to_dict()}, indent=2))
     elif result.schedule is None:
         print(f"{result.status}: {result.message}")
     else:
@@ -367,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--density", type=_fraction, default=None, metavar="D", help="with --compress: density of every ReLU / max-pool output (default: measured on the model's torch twin)")
     solve.add_argument("--density-margin", type=float, default=0.1, metavar="M", help="with --compress: plan for densities this fraction above the profile (default 0.1)")
     solve.add_argument("--freeze-before", type=_positive_int, default=None, metavar="N", help="sparse update: freeze the layers before forward node N (the backward pass stops there)")
+    solve.add_argument("--sparse-update", default=None, metavar="SCHEME", help="torch models: plan the step of Tiny Training's sparse-update scheme SCHEME applied for real (full, bias-only, last-K or sparse)")
     solve.add_argument("--solver", default="auto", help="auto (Gurobi when its license covers the model, else HiGHS), highs or gurobi")
     solve.add_argument("--time-limit", type=_positive_float, default=600.0, metavar="S", help="solver time limit in seconds (default 600)")
     solve.add_argument("--mip-gap", type=float, default=1e-4, metavar="G", help="relative MIP gap to stop at (default 1e-4)")

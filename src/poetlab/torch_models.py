@@ -166,6 +166,27 @@ class MobileNetV2(nn.Module):
         return self.classifier(self.dropout(self.flatten(self.pool(self.features(x)))))
 
 
+# ---- a conv chain -------------------------------------------------------------------------------
+
+
+class ConvChain(nn.Module):
+    """(3x3 convolution -> ReLU) x ``depth`` on ``channels`` x ``side`` x ``side``, flattened into a linear
+    classifier: the real counterpart of :func:`poetlab.paper_models.conv_chain_graph`, small enough for
+    MILPs that solve in seconds (the techniques frontier). Not in the registry (no fixed size)."""
+
+    def __init__(self, channels: int = 8, side: int = 8, depth: int = 3, num_classes: int = 4):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Conv2d(channels, channels, 3, 1, 1), nn.ReLU()]
+        self.features = nn.Sequential(*layers)
+        self.flatten = nn.Flatten()
+        self.classifier = nn.Linear(channels * side * side, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.flatten(self.features(x)))
+
+
 # ---- BERT-style encoder ------------------------------------------------------------------------
 
 

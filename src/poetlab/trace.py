@@ -424,6 +424,8 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
             exact.setdefault(_key(t), n.name)
             storage.setdefault(t.untyped_storage().data_ptr(), n.name)
 
+    tail_ptrs = {g: {t.untyped_storage().data_ptr() for t in _tensors(record.values[tail[g]])} for g in order}
+
     # Saved tensors per group: the groups producing them, and the internal bytes they add.
     saved_from: dict[str, set[str]] = {g: set() for g in order}
     saved_from[loss_name] = set()
@@ -441,6 +443,10 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
             if ptr in constant_ptrs:
                 continue
             producer = exact.get(_key(t)) or storage.get(ptr)
+            if producer is not None and ptr in tail_ptrs[group_of[producer]]:
+                # an in-place member (``ReLU(inplace=True)``) made its group's output in the storage an
+                # earlier member allocated: that storage is the group's output, not an internal tensor
+                producer = tail[group_of[producer]]
             if producer is None or (group_of[producer] == owner and producer != tail[owner]):
                 internal[owner][ptr] = t.untyped_storage().nbytes()  # made inside the node: part of its output
                 saved_from[owner].add(owner)

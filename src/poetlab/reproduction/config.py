@@ -66,8 +66,8 @@ class ReportConfig:
 class TechniquesFrontierConfig:
     """The frontier of POET, POET+compression and sparse update on one conv chain
     (:func:`poetlab.paper_models.conv_chain_graph`, with autograd's saved tensors): every ReLU output at
-    ``relu_density`` (``density_margin`` added for safety), layers before node ``first_trained`` frozen for
-    sparse update, memory budgets as fractions from the smallest footprint (0) to checkpoint-all (1)."""
+    ``relu_density`` (``density_margin`` added for safety), sparse update under ``sparse_scheme`` (the
+    syntax of :func:`poetlab.techniques.sparse_update.parse_scheme`: full, bias-only, last-K, sparse), memory budgets as fractions from the smallest footprint (0) to checkpoint-all (1)."""
 
     channels: int
     side: int
@@ -75,7 +75,7 @@ class TechniquesFrontierConfig:
     platform: str
     relu_density: float
     density_margin: float
-    first_trained: int
+    sparse_scheme: str
     fractions: tuple[float, ...]
     runtime_factor: float
     time_limit_s: float
@@ -225,15 +225,24 @@ def _report_config(s: _Section) -> ReportConfig:
     return ReportConfig(s.text("title"))
 
 
+def _scheme_spec(s: _Section, name: str, n_layers: int) -> str:
+    """A sparse-update scheme as ``parse_scheme`` reads it, for a model of ``n_layers`` updatable layers."""
+    value = s.text(name)
+    k = value[5:] if value.startswith("last-") else ""
+    if value not in ("full", "bias-only", "sparse") and not (k.isdigit() and 1 <= int(k) <= n_layers):
+        raise s.fail(name, f"is not a sparse-update scheme: {value!r}; valid: full, bias-only, sparse, last-K (K in 1..{n_layers})")
+    return value
+
+
 def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
     from poetlab.solvers import SOLVERS
 
-    s.only("channels", "side", "depth", "platform", "relu_density", "density_margin", "first_trained", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "solver")
+    s.only("channels", "side", "depth", "platform", "relu_density", "density_margin", "sparse_scheme", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "solver")
     depth = int(s.number("depth", 1, 64, integer=True))
     return TechniquesFrontierConfig(
         channels=int(s.number("channels", 1, 4096, integer=True)), side=int(s.number("side", 1, 4096, integer=True)), depth=depth,
         platform=s.name("platform", available_platforms(), "platform"), relu_density=float(s.number("relu_density", 0.0, 1.0)),
-        density_margin=float(s.number("density_margin", 0.0, 10.0)), first_trained=int(s.number("first_trained", 1, 2 * depth + 1, integer=True)),
+        density_margin=float(s.number("density_margin", 0.0, 10.0)), sparse_scheme=_scheme_spec(s, "sparse_scheme", depth + 1),
         fractions=s.grid("fractions", 0.0, 1.0), runtime_factor=float(s.number("runtime_factor", 1.0)),
         time_limit_s=float(s.number("time_limit_s", 0.1)), mip_gap=float(s.number("mip_gap", 0.0, 1.0)),
         threads=int(s.number("threads", 1, 64, integer=True)), solver=s.name("solver", SOLVERS, "solver"),

@@ -1,38 +1,65 @@
 """Not in the paper: the memory-vs-energy frontier of POET, POET with compression (our extension) and
-sparse update on one conv chain, drawn by :mod:`poetlab.techniques.frontier`. The graph is
-:func:`poetlab.paper_models.conv_chain_graph` with autograd's saved tensors
-(:func:`poetlab.techniques.transforms.saved_tensor_graph`), small enough for the compression MILP to
+sparse update on one conv chain, drawn by :mod:`poetlab.techniques.frontier`.
+
+The model is a real one, :class:`poetlab.torch_models.ConvChain` (3x3 convolution + ReLU, ``depth`` times,
+and a linear classifier), seeded, and every series plans a graph :func:`poetlab.trace` made from it, with
+cheap element-wise nodes fused into their convolutions (so a ReLU output is the convolution's node, and
+recomputing it costs the convolution's flops): POET and POET+compression plan the plain step, sparse
+update the step of ``sparse_scheme`` applied for real (:func:`poetlab.techniques.transforms.scheme_graph`:
+frozen layers save nothing and have no backward node, and only trained parameters are charged). One model
+and one cost basis (flops counted by PyTorch) for the three. Small enough for the compression MILP to
 finish within the preset's limits; every ReLU output is given the configured density."""
 
 from __future__ import annotations
 
 import pandas as pd
+import torch
+from torch import nn
 
 from poetlab.costs import CostModel
-from poetlab.paper_models import conv_chain_graph
 from poetlab.platforms import load_platform
 from poetlab.poet_solver import min_footprint_bytes
 from poetlab.reproduction.config import TechniquesFrontierConfig
 from poetlab.schedule import checkpoint_all_schedule, simulate
 from poetlab.techniques.frontier import METHODS, frontier_table
-from poetlab.techniques.transforms import saved_tensor_graph
+from poetlab.techniques.sparse_update import parse_scheme
+from poetlab.techniques.transforms import scheme_graph
+from poetlab.torch_models import ConvChain
+from poetlab.trace import trace
+
+MODEL_NAME = "conv_chain_torch"
+
+
+def conv_chain_graphs(config: TechniquesFrontierConfig, seed: int = 0):
+    """(plain step's graph, sparse-update scheme's graph) of the seeded :class:`ConvChain`, batch 1."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = ConvChain(config.channels, config.side, config.depth).train()
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn((1, config.channels, config.side, config.side), generator=generator)
+    targets = torch.randint(4, (1,), generator=generator)
+    loss = nn.CrossEntropyLoss()
+    graph = trace(module, inputs, loss, targets, fuse=True, name=MODEL_NAME)
+    sparse = scheme_graph(module, parse_scheme(config.sparse_scheme, module), inputs, loss, targets, fuse=True, name=MODEL_NAME).graph
+    return graph, sparse
 
 
 def techniques_rows(config: TechniquesFrontierConfig) -> pd.DataFrame:
     """One row per (method, budget), with the budget's fraction between the smallest footprint (0)
-    and checkpoint-all's peak (1) and the energy over one plain step of the unfrozen graph."""
-    graph = saved_tensor_graph(conv_chain_graph(config.channels, config.side, config.depth))
+    and checkpoint-all's peak (1) of the plain step, and the energy over one plain step."""
+    graph, sparse = conv_chain_graphs(config)
     platform = load_platform(config.platform)
     costs = CostModel.from_flops(graph, platform)
     peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     footprint, _ = min_footprint_bytes(graph)
     budgets = {float(footprint + f * (peak - footprint)): f for f in config.fractions}
-    densities = {i: config.relu_density for i, node in enumerate(graph.nodes) if node.kind == "relu" and not node.is_backward}
+    densities = {i: config.relu_density for i, node in enumerate(graph.nodes) if "ReLU" in node.kind.split("+") and not node.is_backward}
     table = frontier_table(
-        graph, platform, densities, list(budgets), config.runtime_factor, config.first_trained, config.density_margin,
-        config.time_limit_s, config.mip_gap, config.threads, config.solver,
+        graph, platform, densities, list(budgets), config.runtime_factor, None, config.density_margin,
+        config.time_limit_s, config.mip_gap, config.threads, config.solver, sparse_graph=sparse,
     )
     table.insert(3, "budget_fraction", table.ram_budget_bytes.map(budgets))
+    table.insert(4, "sparse_scheme", config.sparse_scheme)
     table["energy_over_plain"] = table.energy_j.astype(float) / costs.plain_step_energy_j
     return table
 

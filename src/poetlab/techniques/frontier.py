@@ -2,9 +2,11 @@
 
 For each RAM budget, the minimum energy found by ``poetlab.solve`` on the same graph and platform:
 ``poet`` (keep, recompute, page), ``poet+compression`` (and keep compressed, from profiled densities;
-:mod:`poetlab.techniques.compression`), ``sparse update`` (POET on the graph with the layers before
-``first_trained`` frozen, :func:`poetlab.techniques.transforms.sparse_update_graph`: a different, cheaper
-training step, so its curve sits lower and further left). Every point is a schedule replayed by the
+:mod:`poetlab.techniques.compression`), ``sparse update`` (POET on the graph of a sparse-update scheme:
+for a real model the traced graph of the scheme applied for real,
+:func:`poetlab.techniques.transforms.scheme_graph`, given as ``sparse_graph``; for a paper graph the
+layers before ``first_trained`` frozen, :func:`poetlab.techniques.transforms.sparse_update_graph`. A
+different, cheaper training step, so its curve sits lower and further left). Every point is a schedule replayed by the
 simulator. :func:`frontier_figure` draws the table; the pipeline calls both.
 """
 
@@ -16,6 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from poetlab.costs import CostModel
+from poetlab.errors import InvalidArgumentError
 from poetlab.graph import TrainingGraph
 from poetlab.platforms import Platform
 from poetlab.poet_solver import solve
@@ -37,18 +40,22 @@ def frontier_table(
     mip_gap: float = 1e-6,
     threads: int | None = 1,
     solver: str = "auto",
+    sparse_graph: TrainingGraph | None = None,
 ) -> pd.DataFrame:
     """One row per (method, budget). The compression solve gets twice ``time_limit_s`` and starts from
     its own POET solve at ``time_limit_s``, so it is never above that solve (a separate time-limited POET
-    row may differ a little; optimal ones agree); sparse update is left out when ``first_trained`` is
-    None. ``solver`` is passed to :func:`poetlab.solve` (``highs`` gives the same backend on every host)."""
+    row may differ a little; optimal ones agree); sparse update is planned on ``sparse_graph`` (a
+    scheme's graph of the same model) or on ``graph`` with the layers before ``first_trained`` frozen,
+    and left out when both are None. ``solver`` is passed to :func:`poetlab.solve` (``highs`` gives the same backend on every host)."""
     costs = CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities, margin))
     cases: list[tuple[str, TrainingGraph, CostModel, bool, float]] = [
         ("poet", graph, costs, False, time_limit_s),
         ("poet+compression", graph, costs, True, 2 * time_limit_s),
     ]
-    if first_trained is not None:
-        frozen = sparse_update_graph(graph, first_trained)
+    if first_trained is not None and sparse_graph is not None:
+        raise InvalidArgumentError("give sparse_graph (a scheme's graph) or first_trained (a paper graph's frozen prefix), not both")
+    frozen = sparse_update_graph(graph, first_trained) if first_trained is not None else sparse_graph
+    if frozen is not None:
         cases.append(("sparse update", frozen, CostModel.from_flops(frozen, platform), False, time_limit_s))
     rows = []
     for budget in budgets_bytes:

@@ -46,6 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
@@ -169,6 +170,19 @@ class _FrozenConvFunction(torch.autograd.Function):
         return grad_x, None, grad_b, None, None, None, None
 
 
+def _frozen_conv2d(x, weight, bias, stride, padding, dilation, groups):
+    """The convolution of a frozen weight: plain ``conv2d`` when nothing upstream needs a gradient (autograd
+    records nothing), else :class:`_FrozenConvFunction`. A module-level function marked ``torch.fx.wrap``
+    so that ``torch.fx`` records it as one call (its test of ``requires_grad`` is not traceable), which lets
+    :func:`poetlab.trace` and :func:`poetlab.execute` handle a scheme-applied model like any other."""
+    if not (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return _FrozenConvFunction.apply(x, weight, bias, stride, padding, dilation, groups)
+
+
+torch.fx.wrap("_frozen_conv2d")
+
+
 class _FrozenConv2d(nn.Module):
     """Stands in for a Conv2d whose weight is not trained (its bias may be)."""
 
@@ -179,9 +193,7 @@ class _FrozenConv2d(nn.Module):
         self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (x.requires_grad or (self.bias is not None and self.bias.requires_grad)):
-            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        return _FrozenConvFunction.apply(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return _frozen_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
 class _ChannelSparseConv2d(nn.Module):
@@ -207,13 +219,19 @@ class _ChannelSparseConv2d(nn.Module):
         return out if self.bias is None else out + self.bias.reshape(1, -1, 1, 1)
 
 
-def apply_scheme(module: nn.Module, scheme: SparseUpdateScheme) -> nn.Module:
+def apply_scheme(module: nn.Module, scheme: SparseUpdateScheme, inplace_relu: bool = True) -> nn.Module:
     """A copy of ``module`` set up to train under ``scheme`` (see the module docstring). For the full
     scheme, the copy with BatchNorm folded and everything trainable, so that full and sparse update
-    train the same network."""
+    train the same network.
+
+    ``inplace_relu=False`` leaves the activations out of place: what :func:`scheme_graph` traces, because
+    a planner's unit is one tensor per node and an in-place activation makes two nodes share one storage.
+    It changes only a transient: autograd saves the same bytes either way (an in-place ReLU saves its
+    output, which is the convolution's storage; an in-place ReLU6 saves a copy of its input, since
+    ``hardtanh_``'s backward reads the input, so in place gains nothing there)."""
     model = fold_batchnorm(module)
     for layer in model.modules():
-        if isinstance(layer, (nn.ReLU, nn.ReLU6)):
+        if inplace_relu and isinstance(layer, (nn.ReLU, nn.ReLU6)):
             layer.inplace = True  # the engine computes activations in place; autograd allows it after a conv
     layers = updatable_layers(model)
     n = len(layers)
@@ -271,13 +289,29 @@ class SchemeMemory:
         return self.saved_activation_bytes + self.gradient_bytes
 
 
+def saved_storage_bytes(model: nn.Module, work) -> int:
+    """Bytes of the distinct storages autograd saves while running ``work()``, the model's parameters and
+    buffers left out, frozen ones included (a frozen convolution keeps its weight, which stays where the
+    weights are, in flash on the paper's device, not in activation RAM). Counted per storage, so a tensor
+    saved twice (a convolution's input that an in-place ReLU also saves as its output) counts once."""
+    constants = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in constants:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        work()
+    return sum(seen.values())
+
+
 def scheme_memory_bytes(model: nn.Module, inputs: torch.Tensor, scheme_name: str = "") -> SchemeMemory:
     """The memory cost of training ``model`` (already set up by :func:`apply_scheme`) on ``inputs``,
     from one real forward pass: what autograd saved, plus one gradient buffer per trained parameter."""
-    from poetlab.techniques.bittrain import saved_activation_bytes
-
-    with torch.random.fork_rng(devices=[]):
-        saved, _ = saved_activation_bytes(lambda: model(inputs), min_numel=1)
+    saved = saved_storage_bytes(model, lambda: model(inputs))
     trained = [p for p in model.parameters() if p.requires_grad]
     return SchemeMemory(
         scheme=scheme_name,
