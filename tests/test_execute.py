@@ -271,14 +271,14 @@ class _SparseChain(nn.Module):
 
 
 def _compression_case():
-    from poetlab.techniques.compression import compression_costs, measure_densities
+    from poetlab.techniques.compression import compression_costs, graph_densities
 
     torch.manual_seed(0)
     module = _SparseChain().train()
     inputs, targets = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.tensor([1, 7])
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets)
     relus = [i for i, node in enumerate(graph.nodes) if node.kind == "ReLU"]
-    densities = dict(zip(relus, measure_densities(module, inputs)["relu"], strict=True))
+    densities = graph_densities(module, inputs, nn.CrossEntropyLoss(), targets, graph)
     platform = poetlab.load_platform("m4")
     costs = poetlab.CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities))
     assert costs.compression.allowed[relus].all()
