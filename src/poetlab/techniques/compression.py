@@ -176,35 +176,55 @@ def compression_costs(
     return CompressionCosts(allowed, size, pack_s, pack_s * power, unpack_s, unpack_s * power)
 
 
+def compress_idle(schedule: Schedule, graph: TrainingGraph, compression: CompressionCosts) -> Schedule:
+    """``schedule`` with every output that compression allows kept compressed while it sits idle in RAM:
+    between two stages that read it (or page it out) at least three stages apart, it is compressed at
+    the start of the stage after the first read and decompressed at the end of the stage before the
+    next, in the MILP's stage semantics. The computes are unchanged, so the energy rises by the
+    compression costs while the memory falls; applied to BitTrain's policy on checkpoint-all
+    (:func:`compress_all_schedule`) or to a POET schedule solved at a looser budget, it gives a start
+    for the compression MILP at a tighter one. Replay the result with :func:`poetlab.simulate`."""
+    m = schedule.matrices()
+    R, S_RAM = np.array(m.R, dtype=bool), np.array(m.S_RAM, dtype=bool)
+    stages, T = R.shape
+    S_CMP, M_CMP, M_DCMP = (np.zeros((stages, T), dtype=bool) if x is None else np.array(x, dtype=bool) for x in (m.S_CMP, m.M_CMP, m.M_DCMP))
+    if M_CMP.any():
+        return schedule  # already uses compression
+    read = np.zeros((stages, T), dtype=bool)
+    for k, node in enumerate(graph.nodes):
+        for i in set(node.inputs):
+            read[:, i] |= R[:, k]
+    read |= np.asarray(m.M_OUT, dtype=bool) | R
+    for i in np.flatnonzero(compression.allowed):
+        if graph.nodes[i].is_backward:
+            continue
+        t = 0
+        while t < stages:
+            if not S_RAM[t, i] and not R[t, i]:
+                t += 1
+                continue
+            # a stretch in which i stays in RAM: from stage t while S_RAM holds it at the next start
+            end = t
+            while end + 1 < stages and S_RAM[end + 1, i]:
+                end += 1
+            uses = [u for u in range(t, end + 1) if read[u, i]]
+            for first, second in zip(uses, uses[1:]):
+                if second - 1 >= first + 2:
+                    M_CMP[first + 1, i] = True
+                    S_CMP[first + 2 : second + 1, i] = True
+                    S_RAM[first + 2 : second, i] = False
+                    M_DCMP[second - 1, i] = True
+            t = end + 1
+    return Schedule.from_matrices(
+        graph, R, S_RAM, m.S_SSD, m.M_IN, m.M_OUT, S_CMP=S_CMP, M_CMP=M_CMP, M_DCMP=M_DCMP,
+    )
+
+
 def compress_all_schedule(graph: TrainingGraph, compression: CompressionCosts) -> Schedule:
-    """Checkpoint-all, except that every output compression allows is kept compressed between its last
-    forward reader and its first backward reader (when at least two stages lie between them): BitTrain's
-    policy as a schedule of the fourth choice, in the MILP's own stage semantics (compress at the start
-    of the stage after the last forward read, decompress at the end of the stage before the first
-    backward read). It computes every node once, so its energy is one plain step plus the compression
-    costs: a start for the compression MILP and, where it fits a budget that forces POET to recompute
-    or page, a schedule that can be compared with POET's proven lower bound directly."""
-    T = graph.n_nodes
-    base = checkpoint_all_schedule(graph).matrices()
-    S_RAM = np.array(base.S_RAM, dtype=bool)
-    S_CMP = np.zeros((T, T), dtype=bool)
-    M_CMP = np.zeros((T, T), dtype=bool)
-    M_DCMP = np.zeros((T, T), dtype=bool)
-    for i, users in enumerate(graph.consumers):
-        if not compression.allowed[i] or graph.nodes[i].is_backward:
-            continue
-        forward = [u for u in users if not graph.nodes[u].is_backward]
-        backward = [u for u in users if graph.nodes[u].is_backward]
-        if not backward:
-            continue
-        last_forward, first_backward = max(forward, default=i), min(backward)
-        if first_backward - 1 < last_forward + 2:
-            continue
-        M_CMP[last_forward + 1, i] = True
-        S_CMP[last_forward + 2 : first_backward + 1, i] = True
-        S_RAM[last_forward + 2 : first_backward, i] = False
-        M_DCMP[first_backward - 1, i] = True
-    return Schedule.from_matrices(graph, np.eye(T, dtype=bool), S_RAM, S_CMP=S_CMP, M_CMP=M_CMP, M_DCMP=M_DCMP)
+    """Checkpoint-all with every output that compression allows kept compressed while idle (BitTrain's
+    policy as a schedule of the fourth choice; :func:`compress_idle`). It computes every node once, so
+    its energy is one plain step plus the compression costs."""
+    return compress_idle(checkpoint_all_schedule(graph), graph, compression)
 
 
 def measure_densities(module: nn.Module, inputs: torch.Tensor, kinds: Sequence[type[nn.Module]] = (nn.ReLU, nn.ReLU6, nn.MaxPool2d)) -> dict[str, list[float]]:
