@@ -66,12 +66,12 @@ def executed(module, inputs, targets, loss_fn, graph, costs, schedule) -> dict:
     )
     allowance = memory_allowance_bytes(module, graph)
     return {
-        "gradients_equal": equal,
+        "gradients_equal": bool(equal),
         "measured_peak_bytes": result.peak_bytes,
         "planned_peak_bytes": result.planned_peak_bytes,
         "predicted_peak_bytes": result.predicted.peak_ram_bytes,
         "allowance_bytes": allowance,
-        "peak_within_allowance": result.peak_bytes <= result.predicted.peak_ram_bytes + allowance,
+        "peak_within_allowance": bool(result.peak_bytes <= result.predicted.peak_ram_bytes + allowance),
         "executed_compresses": result.n_compresses,
         "executed_compressed_bytes": result.compressed_bytes,
         "executed_recomputes": result.n_recomputes,
@@ -134,12 +134,12 @@ def main() -> None:
         started = time.perf_counter()
         both = solve(graph, costs, budget, compression=True, time_limit_s=2 * args.time_limit, threads=1, starts=idle + ([] if poet.schedule is None else [poet.schedule]))
         both_s = time.perf_counter() - started
-        certified = both.energy_j is not None and poet.bound_j is not None and both.energy_j < poet.bound_j * (1 - 1e-9)
+        certified = bool(both.energy_j is not None and poet.bound_j is not None and both.energy_j < poet.bound_j * (1 - 1e-9))
         row = {
             "fraction": fraction, "ram_budget_bytes": budget,
             "poet": {**poet.to_dict(), "wall_s": poet_s}, "poet_compression": {**both.to_dict(), "wall_s": both_s},
             "poet_energy_j": poet.energy_j, "poet_bound_j": poet.bound_j, "compression_energy_j": both.energy_j,
-            "strictly_below_poet": both.energy_j is not None and poet.energy_j is not None and both.energy_j < poet.energy_j,
+            "strictly_below_poet": bool(both.energy_j is not None and poet.energy_j is not None and both.energy_j < poet.energy_j),
             "certified_below_poet_bound": certified,
         }
         if both.schedule is not None and both.n_compresses:
