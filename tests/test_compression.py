@@ -12,7 +12,14 @@ from poetlab.milp import MilpOptions, build_milp
 from poetlab.poet_solver import min_footprint_bytes
 from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
 from poetlab.techniques.bittrain import compressed_bytes
-from poetlab.techniques.compression import compression_costs, densities_for_graph, measure_densities
+from poetlab.techniques.compression import (
+    BitmapRates,
+    compression_costs,
+    densities_for_graph,
+    graph_densities,
+    measure_bitmap_rates,
+    measure_densities,
+)
 from poetlab.techniques.transforms import saved_tensor_graph, sparse_update_graph
 
 from small_graphs import convnet
@@ -171,3 +178,105 @@ def test_frontier_table_and_figure(tmp_path):
     assert energy["sparse update", budgets[0]] < energy["poet", budgets[0]]
     path = save_figure(frontier_figure(table), tmp_path / "frontier.png")
     assert path.stat().st_size > 0
+
+
+def _relu_densities(module, inputs):
+    """Oracle: the density of every ReLU / max-pool output of one forward pass, by forward hooks, keyed
+    by the fx name of the call (qualified module name with dots as underscores; each is called once)."""
+    import torch
+    from torch import nn
+
+    found = {}
+
+    def hook(name):
+        def record(_module, _inputs, out) -> None:
+            found[name.replace(".", "_")] = float(torch.count_nonzero(out)) / out.numel()
+
+        return record
+
+    hooks = [m.register_forward_hook(hook(name)) for name, m in module.named_modules() if isinstance(m, (nn.ReLU, nn.MaxPool2d))]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            module(inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_graph_densities_of_a_traced_model_node_by_node(fuse):
+    """Densities land on the traced graph's own nodes by index: an unfused ReLU node gets its output's
+    density, a fused Conv+ReLU node (VGG: the convolution's output is not saved) the ReLU's, a fused
+    Conv+BatchNorm+ReLU node the mix of the dense convolution output it owns and the sparse ReLU output."""
+    import torch
+    from torch import nn
+
+    from poetlab.torch_models import VGG16, ResNet18
+    from poetlab.trace import trace
+
+    for module, inputs, targets in (
+        (VGG16(10, 32, 64).train(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.tensor([3])),
+        (ResNet18(10, width=8).train(), torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2)), torch.tensor([1, 7])),
+    ):
+        graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=fuse)
+        densities = graph_densities(module, inputs, nn.CrossEntropyLoss(), targets, graph)
+        assert set(densities) == {i for i, n in enumerate(graph.nodes) if not n.is_backward and n.kind not in ("input", "loss")}
+        oracle = _relu_densities(module, inputs)
+        groups = graph.metadata["fx_groups"]
+        ends = {i: oracle[groups[n.name][-1]] for i, n in enumerate(graph.nodes) if not n.is_backward and groups.get(n.name) and groups[n.name][-1] in oracle}
+        assert len(ends) >= len(oracle) // 2  # (fused, a ReLU or max-pool followed by dropout or flatten ends there)
+        for index, expected in ends.items():
+            node = graph.nodes[index]
+            if graph.metadata["internal_saved_bytes"][node.name] == 0:  # it owns its output only
+                assert densities[index] == pytest.approx(expected, abs=1e-12), node.name
+            else:  # it also owns what autograd saved inside it (a convolution output, max-pool indices)
+                assert 0.0 < densities[index] < 1.0 and densities[index] != expected, node.name
+        if fuse and isinstance(module, ResNet18):
+            mixed = [i for i, n in enumerate(graph.nodes) if n.kind == "Conv2d+BatchNorm2d+ReLU"]
+            assert mixed and all(0.6 < densities[i] < 0.9 for i in mixed)  # half of the bytes dense, half about 50%
+        # the same module on another batch: other densities, same nodes
+        other = graph_densities(module, inputs + 0.5, nn.CrossEntropyLoss(), targets, graph)
+        assert set(other) == set(densities) and other != densities
+
+
+def test_traced_graphs_are_refused_by_the_kind_mapping():
+    import torch
+    from torch import nn
+
+    from poetlab.torch_models import VGG16
+    from poetlab.trace import trace
+
+    module, inputs = VGG16(10, 32, 64).train(), torch.randn(1, 3, 32, 32)
+    graph = trace(module, inputs, nn.CrossEntropyLoss(), torch.tensor([0]), fuse=True)
+    with pytest.raises(InvalidArgumentError, match="graph_densities"):
+        densities_for_graph(graph, measure_densities(module, inputs))
+    with pytest.raises(InvalidArgumentError, match="not a traced graph"):
+        graph_densities(module, inputs, nn.CrossEntropyLoss(), torch.tensor([0]), build_paper_graph("vgg16_cifar"))
+    with pytest.raises(InvalidArgumentError, match="not traced from this module"):
+        graph_densities(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)), inputs, nn.CrossEntropyLoss(), torch.tensor([0]), graph)
+
+
+def test_measured_bitmap_rates_cost_compression_on_the_host():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rates = measure_bitmap_rates(numel=1 << 14, densities=(0.2, 0.6), repeats=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert rates.threads == 1 and rates.clock == "cpu"
+    assert all(0 < t < 1e-6 for t in (*rates.compress_s_per_element, *rates.decompress_s_per_element))
+    graph = build_paper_graph("vgg16_cifar")
+    platform = load_platform("a72")
+    relu = next(i for i, node in enumerate(graph.nodes) if node.kind == "relu")
+    fixed = BitmapRates((0.0, 1.0), (2e-9, 6e-9), (1e-9, 3e-9), 1 << 14, 1, "cpu")
+    cc = compression_costs(graph, platform, {relu: 0.4}, margin=0.25, rates=fixed, power_w=5.0)
+    numel = graph.output_bytes[relu] / 4
+    assert cc.compress_time_s[relu] == pytest.approx(numel * 4e-9)  # at the margined density 0.5
+    assert cc.decompress_time_s[relu] == pytest.approx(numel * 2e-9)
+    assert cc.compress_energy_j[relu] == pytest.approx(5.0 * numel * 4e-9)
+    assert cc.compress_time_s.sum() == cc.compress_time_s[relu]  # nothing else is allowed
+    with pytest.raises(InvalidArgumentError, match="clock"):
+        measure_bitmap_rates(clock="sundial")

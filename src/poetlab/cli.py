@@ -131,8 +131,15 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
         graph = sparse_update_graph(graph, args.freeze_before)
         costs = CostModel.from_flops(graph, load_platform(args.platform, args.platform_dir))
     if args.compress:
+        traced = graph.metadata.get("source") == "poetlab.trace"
         if args.density is not None:
-            densities = {i: args.density for i, node in enumerate(graph.nodes) if node.kind in comp.SPARSE_KINDS and not node.is_backward}
+            kinds = comp.TRACED_SPARSE_KINDS if traced else comp.SPARSE_KINDS
+            densities = {i: args.density for i, node in enumerate(graph.nodes) if node.kind.split("+")[-1] in kinds and not node.is_backward}
+        elif traced:  # measured node by node on the module and batch it was traced from
+            from poetlab.torch_models import build_torch_model
+
+            built = build_torch_model(args.model, args.batch_size, int(graph.metadata.get("seed", 0)))
+            densities = comp.graph_densities(built.module, built.inputs, built.loss_fn, built.targets, graph)
         else:
             from poetlab.torch_models import TORCH_MODELS, build_torch_model
 
@@ -141,7 +148,22 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
                 raise InvalidArgumentError(f"no torch model {twin!r} to measure densities on; give --density D (0 < D < 1)")
             built = build_torch_model(twin, args.batch_size, 0)
             densities = comp.densities_for_graph(graph, comp.measure_densities(built.module, built.inputs))
-        costs = costs.with_compression(comp.compression_costs(graph, load_platform(args.platform, args.platform_dir), densities, margin=args.density_margin))
+        if args.platform == HOST:  # compress and decompress timed here, at the profile's compute power
+            import torch
+
+            from poetlab.profile import HostProfile, find_host_profile
+
+            profile = HostProfile.load(args.profile or find_host_profile(args.model, args.fuse))
+            threads = torch.get_num_threads()
+            torch.set_num_threads(profile.machine.torch_threads)
+            try:
+                rates = comp.measure_bitmap_rates(clock=profile.clock)
+            finally:
+                torch.set_num_threads(threads)
+            compression = comp.compression_costs(graph, profile.platform(), densities, margin=args.density_margin, rates=rates)
+        else:
+            compression = comp.compression_costs(graph, load_platform(args.platform, args.platform_dir), densities, margin=args.density_margin)
+        costs = costs.with_compression(compression)
     return graph, costs
 
 

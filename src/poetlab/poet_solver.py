@@ -145,8 +145,9 @@ def solve(
 
     With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
     RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
-    time limit, and its schedule, which is feasible for the larger problem, starts it: the answer is
-    never worse than that POET solve. (Two time-limited solves are not bit-for-bit repeatable, so a
+    time limit, and its schedule, which is feasible for the larger problem, starts it, as does BitTrain's
+    policy (:func:`~poetlab.techniques.compression.compress_all_schedule`) where it fits and is cheaper:
+    the answer is never worse than either. (Two time-limited solves are not bit-for-bit repeatable, so a
     separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
@@ -235,6 +236,15 @@ def solve(
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
             start, start_sim = plain.schedule, plain.simulation
+        from poetlab.techniques.compression import compress_all_schedule  # (imports torch: only here)
+
+        try:  # BitTrain's policy (every step computed once, every allowed output compressed while idle)
+            bittrain_sim = replay(bittrain := compress_all_schedule(graph, costs.compression))
+        except InvalidScheduleError:
+            bittrain_sim = None
+        if bittrain_sim is not None and (start_sim is None or bittrain_sim.energy_j < start_sim.energy_j):
+            log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
+            start, start_sim = bittrain, bittrain_sim
     elif staged and paging and remat:
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
             restricted = solve(

@@ -195,6 +195,14 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
+def _words(flat: torch.Tensor) -> torch.Tensor:
+    """A flat tensor's bytes as 4-byte integers (1-byte when the size is not a multiple of 4), sharing
+    its memory: zero words are what a bitmap leaves out."""
+    flat = flat.contiguous()
+    raw = flat.view(torch.uint8)
+    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+
+
 def _nbytes(value: object) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(value))
 
@@ -269,10 +277,29 @@ class _Traced:
     targets: object
     loss_name: str
     output_args: object  # the fx output node's argument (fx nodes inside)
+    # per forward node (and the loss): the storages of the internal saved tensors counted in its bytes
+    internal_storages: dict[str, list[torch.UntypedStorage]] = field(default_factory=dict)
 
     def node_probe(self, index: int) -> NodeProbe:
         """Closures that run graph node ``index`` alone on its recorded inputs (forward, and backward)."""
         return _probe(self, index)
+
+    def node_densities(self) -> dict[int, float]:
+        """Per forward node (not inputs, not the loss): the fraction of non-zero elements in the bytes
+        the node owns in the recorded step (its output tensors and the internal tensors autograd saved
+        for it), counted as 4-byte words by bit pattern, as :mod:`poetlab.techniques.bittrain` packs
+        them. These are the bytes a schedule keeps, frees, pages or compresses as the node's output."""
+        out: dict[int, float] = {}
+        for index, node in enumerate(self.graph.nodes):
+            if node.is_backward or node.kind in ("input", "loss"):
+                continue
+            members = self.graph.metadata["fx_groups"][node.name]
+            chunks = [_words(t.detach().reshape(-1)) for t in _tensors(self.record.values[members[-1]])]
+            chunks += [_words(torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,))) for s in self.internal_storages.get(node.name, [])]
+            total = sum(c.numel() for c in chunks)
+            if total:
+                out[index] = sum(int(torch.count_nonzero(c)) for c in chunks) / total
+        return out
 
 
 def _restore_state(module: nn.Module):
@@ -431,6 +458,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
     saved_from[loss_name] = set()
     internal: dict[str, dict[int, int]] = {g: {} for g in order}
     internal[loss_name] = {}
+    internal_storage: dict[str, dict[int, torch.UntypedStorage]] = {g: {} for g in [*order, loss_name]}
     for fx_name, saved in record.saved.items():
         if fx_name == loss_name:
             owner = loss_name
@@ -449,11 +477,13 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
                 producer = tail[group_of[producer]]
             if producer is None or (group_of[producer] == owner and producer != tail[owner]):
                 internal[owner][ptr] = t.untyped_storage().nbytes()  # made inside the node: part of its output
+                internal_storage[owner][ptr] = t.untyped_storage()
                 saved_from[owner].add(owner)
                 continue
             g = group_of[producer]
             if producer != tail[g]:
                 internal[g][ptr] = t.untyped_storage().nbytes()
+                internal_storage[g][ptr] = t.untyped_storage()
             saved_from[owner].add(g)
 
     # Which groups need a backward node: output requires grad and a path to the loss.
@@ -527,7 +557,10 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
         "torch_version": torch.__version__,
         "gradients_in_engine": True,  # backward nodes' outputs live in autograd's engine: TrainingGraph.pinned
     }
-    traced = _Traced(gm, TrainingGraph(name, tuple(nodes), metadata), groups, record, loss_fn, targets, loss_name, output_node.args[0])
+    traced = _Traced(
+        gm, TrainingGraph(name, tuple(nodes), metadata), groups, record, loss_fn, targets, loss_name, output_node.args[0],
+        {g: list(found.values()) for g, found in internal_storage.items()},
+    )
     flops = [_node_flops(traced, i) for i in range(len(nodes))]
     forward_flops = {nodes[i].name: f for i, (f, _) in enumerate(flops)}
     final = []
