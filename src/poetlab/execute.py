@@ -42,11 +42,11 @@ the nodes that read them (``_managed_nodes``). Its cost then follows what the sc
 than the model's size: a checkpoint-all schedule runs at close to a plain step's speed.
 
 Gradients (backward nodes' outputs) live in autograd's engine, which frees each after its last use as
-the schedule does, and the batch belongs to the caller: a traced graph pins them
-(:attr:`poetlab.TrainingGraph.pinned`), so the simulator refuses and no planner proposes a schedule that
-pages or recomputes one. What the executor still cannot honour, it counts rather than hides: the
-schedule's frees of the batch, and paging or recomputing a pinned node in a schedule made some other way
-(``n_skipped_ops``); a saved tensor the schedule did not hold when autograd asked for it is either an
+the schedule does: a traced graph pins them (:attr:`poetlab.TrainingGraph.pinned`), so the simulator
+refuses and no planner proposes a schedule that pages or recomputes one. What the executor still cannot
+honour, it counts rather than hides: frees and page-outs of the batch, which belongs to the caller
+(a "recompute" of it is a no-op), and paging or recomputing a pinned node in a schedule made some other
+way (``n_skipped_ops``); a saved tensor the schedule did not hold when autograd asked for it is either an
 error (``strict=True``) or fetched on demand (``n_unplanned``).
 
 Why storages and not ``torch.utils.checkpoint``: checkpointing recomputes whole regions chosen before the

@@ -109,14 +109,14 @@ class TrainingGraph:
     @cached_property
     def pinned(self) -> np.ndarray:
         """Per node, whether every schedule must compute it exactly once and hold it until its last use
-        (no recompute, no paging): in a graph whose backward pass is autograd's
-        (``metadata["gradients_in_engine"]``, set by :func:`poetlab.trace`), the gradients and the
-        caller's batch. Autograd's engine holds each gradient from the node that makes it to the one
-        that reads it, out of any executor's reach, and the batch belongs to the caller, so a plan that
-        pages or recomputes one could not be carried out as planned."""
+        (no recompute, no paging): the gradients of a graph whose backward pass is autograd's
+        (``metadata["gradients_in_engine"]``, set by :func:`poetlab.trace`). Autograd's engine holds
+        each gradient from the node that makes it to the one that reads it, out of any executor's
+        reach, so a plan that pages or recomputes one could not be carried out as planned. (The batch
+        is the caller's: an executor keeps it whatever the plan says, and "recomputing" it is a no-op.)"""
         mask = np.zeros(self.n_nodes, dtype=bool)
         if self.metadata.get("gradients_in_engine"):
-            mask[[i for i, node in enumerate(self.nodes) if node.is_backward or (node.kind == "input" and not node.inputs)]] = True
+            mask[list(self.backward_indices)] = True
         mask.setflags(write=False)
         return mask
 
