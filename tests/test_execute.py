@@ -352,3 +352,30 @@ def test_idle_compression_of_a_resnet_schedule_runs_with_autograds_gradients():
     assert after.energy_j == pytest.approx(before.energy_j + after.compression_energy_j)
     assert [op for op in idle.ops if op.kind is OpKind.COMPUTE] == [op for op in remat.ops if op.kind is OpKind.COMPUTE]
     _check_compressed_step(idle, graph, costs, module, inputs, targets)
+
+
+def test_recompute_before_a_group_without_its_own_autograd_node():
+    """An identity shortcut has no autograd node of its own: its backward pre-hook lands on the node of
+    the tensor it passes on and fires late. A recompute the schedule places just before that group's
+    backward must still be done before autograd's next read (every later backward node is hooked)."""
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    # block 0's output: read by block 1's forward and by grad:blocks_1_conv1 (its conv's saved input).
+    # Freed before grad:blocks_1_conv2, recomputed (with the identity shortcut it reads, freed long
+    # since) just before grad:blocks_1_shortcut, whose pre-hook fires only after grad:blocks_1_conv1 ran.
+    x, shortcut_in, late = index["blocks_0_conv2"], index["blocks_0_shortcut"], index["grad:blocks_1_shortcut"]
+    ops = list(checkpoint_all_schedule(graph).ops)
+    ops.remove(next(op for op in ops if op.kind is OpKind.FREE and op.node == x))
+    conv2 = next(k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == index["grad:blocks_1_conv2"])
+    ops.insert(conv2, poetlab.Op(OpKind.FREE, x, ops[conv2].stage))
+    before = next(k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == late)
+    stage = ops[before].stage
+    recompute = [poetlab.Op(OpKind.COMPUTE, shortcut_in, stage), poetlab.Op(OpKind.COMPUTE, x, stage), poetlab.Op(OpKind.FREE, shortcut_in, stage)]
+    last = max(k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and x in graph.nodes[op.node].inputs)
+    ops = ops[:before] + recompute + ops[before : last + 1] + [poetlab.Op(OpKind.FREE, x, ops[last].stage)] + ops[last + 1 :]
+    schedule = poetlab.Schedule(graph.n_nodes, tuple(ops))
+    predicted = simulate(schedule, graph, costs)  # a valid schedule
+    assert predicted.n_recomputes == 2
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    assert {late, index["grad:blocks_1_conv1"]} <= executor._hooked
+    _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)

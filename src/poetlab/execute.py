@@ -250,8 +250,12 @@ def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) 
     saved-tensor hooks, and their values are dropped at their free (or when the backward pass begins).
     *packed* nodes run under the saved-tensor hooks: the managed ones and those that read one (so that
     autograd's reads of managed storages are checked and wait for a prefetch). *hooked* backward nodes
-    get the pre-hook that advances the schedule: those before whose compute the schedule does something
-    to a managed node. The machinery's cost then follows what the schedule asks for, not the model's size.
+    get the pre-hook that advances the schedule: from the first one before whose compute the schedule
+    does something to a managed node, every later one. (Not only those: a group without an autograd node
+    of its own, an identity shortcut, shares another group's, whose pre-hook then fires later than the
+    schedule's order says; the next group's pre-hook catches up.) A schedule that changes nothing in the
+    backward pass, checkpoint-all, runs with no pre-hook at all: the machinery's cost follows what the
+    schedule asks for, not the model's size.
     """
     nodes = graph.nodes
     forward = [not node.is_backward and i not in binding.inputs for i, node in enumerate(nodes)]
@@ -278,14 +282,15 @@ def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) 
                 managed.update(k for k in nodes[i].inputs if forward[k])
     packed = managed | {j for j, node in enumerate(nodes) if forward[j] and any(k in managed for k in node.inputs)}
     hooked: set[int] = set()
-    pending = False
+    started = pending = active = False
     for op in schedule.ops:
-        if op.node in managed:
-            pending = True
         if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None:
-            if pending:
+            active = active or pending
+            if active:
                 hooked.add(op.node)
-            pending = False
+            started, pending = True, False
+        elif started and op.node in managed:
+            pending = True  # (ops before the first backward compute are done by the forward loop)
     return frozenset(managed), frozenset(packed), frozenset(hooked)
 
 
