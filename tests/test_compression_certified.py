@@ -6,7 +6,10 @@ The model is ``vgg16_cifar_torch`` (batch 1) traced fused, with densities measur
 batch and compression costed at the flop estimate on the Cortex-M4 (paging is dear there). POET without
 compression solves to optimality there in about 10 s, so its bound is its optimum; no result is
 hard-coded, only the budget (12% of the way from the smallest footprint to checkpoint-all's peak, where
-POET needs recomputes that compression can replace)."""
+POET needs recomputes that compression can replace). Slow (about 90 s): the compression MILP needs
+about a minute of HiGHS to find its optimum; no smaller real model was found yet on which POET needs
+costly recomputes at a feasible budget (a 23-node VGG-style chain reaches the plain step's energy at
+every feasible budget, since recomputing a max-pool is free under the flop model)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("deterministic_torch")
 FRACTION = 0.12  # of the way from the smallest single-node footprint to checkpoint-all's peak
 
 
+@pytest.mark.slow
 def test_compression_is_certified_below_poets_optimum_on_vgg16_and_runs_with_autograds_gradients():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -45,7 +49,7 @@ def test_compression_is_certified_below_poets_optimum_on_vgg16_and_runs_with_aut
         assert poet.status == "optimal" and poet.bound_j is not None  # the bound is POET's optimum
         assert poet.energy_j > costs.plain_step_energy_j  # the budget makes POET pay for something
         both = solve(
-            graph, costs, budget, compression=True, time_limit_s=40, threads=1,
+            graph, costs, budget, compression=True, time_limit_s=120, threads=1,
             starts=[compress_idle(poet.schedule, graph, costs.compression), poet.schedule],
         )
         assert both.n_compresses > 0
