@@ -6,8 +6,8 @@ The model is ``vgg16_cifar_torch`` (batch 1) traced fused, with densities measur
 batch and compression costed at the flop estimate on the Cortex-M4 (paging is dear there). POET without
 compression solves to optimality there in about 10 s, so its bound is its optimum; no result is
 hard-coded, only the budget (12% of the way from the smallest footprint to checkpoint-all's peak, where
-POET needs recomputes that compression can replace). Slow (about 90 s): the compression MILP needs
-about a minute of HiGHS to find its optimum; no smaller real model was found yet on which POET needs
+POET needs recomputes that compression can replace). Slow (37 s here with a 120 s limit; with a 40 s limit
+HiGHS stopped before finding any compression schedule); no smaller real model was found yet on which POET needs
 costly recomputes at a feasible budget (a 23-node VGG-style chain reaches the plain step's energy at
 every feasible budget, since recomputing a max-pool is free under the flop model)."""
 
