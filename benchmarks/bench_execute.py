@@ -27,6 +27,11 @@ steps on a copy of the same model:
   them to the measured step (``CostModel.from_profile``, calibrated), and ``uncalibrated_predicted_runtime_s``
   is the prediction from the raw node times.
 
+The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
+so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
+(no node managed) against plain steps at several batch sizes (thread CPU time, interleaved, median and
+minimum of ``--repeats``).
+
 Writes experiments/benchmarks/execute.json.
 """
 
@@ -59,6 +64,8 @@ CASES = [
     ("mobilenetv2_torch", 2, (1.0, 0.7, 0.5)),
     ("bert_small_torch", 8, (1.0, 0.985)),
 ]
+#: (model, batch sizes) of the checkpoint-all overhead sweep
+SWEEP = [("resnet18_cifar_torch", (4, 16)), ("mobilenetv2_torch", (2, 8, 16)), ("bert_small_torch", (8, 32))]
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "benchmarks" / "execute.json"
 
 
@@ -195,6 +202,34 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
     return rows
 
 
+def overhead_by_batch(name: str, batch_size: int, repeats: int) -> dict[str, object]:
+    """Checkpoint-all through the executor against plain steps, CPU time, interleaved."""
+    model = build_torch_model(name, batch_size)
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
+    plain = copy.deepcopy(model.module)
+    executor = ScheduleExecutor(copy.deepcopy(model.module), graph, checkpoint_all_schedule(graph), model.loss_fn)
+    plain_s, exec_s = [], []
+    for i in range(repeats + 2):
+        for m in (plain, executor.module):
+            for p in m.parameters():
+                p.grad = None
+        _, cpu = _plain(plain, model.inputs, model.targets, model.loss_fn)
+        stepped = executor.step(model.inputs, model.targets)
+        if i >= 2:  # two warm-up steps
+            plain_s.append(cpu)
+            exec_s.append(stepped.cpu_s)
+    row = {
+        "model": name, "batch_size": batch_size, "n_nodes": graph.n_nodes,
+        "median_plain_cpu_s": statistics.median(plain_s), "median_cpu_s": statistics.median(exec_s),
+        "overhead_median": statistics.median(exec_s) / statistics.median(plain_s) - 1,
+        "overhead_min": min(exec_s) / min(plain_s) - 1,
+        "overhead_per_node_s": (statistics.median(exec_s) - statistics.median(plain_s)) / graph.n_nodes,
+    }
+    tqdm.write(f"{name} x{batch_size}: checkpoint-all {row['median_cpu_s'] * 1e3:.2f} ms vs plain {row['median_plain_cpu_s'] * 1e3:.2f} ms "
+               f"({row['overhead_median']:+.1%} median, {row['overhead_min']:+.1%} min)")
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=[c[0] for c in CASES])
@@ -209,6 +244,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm([c for c in CASES if c[0] in args.models], desc="execute benchmark"):
             rows += run_case(name, batch_size, fractions, args.repeats, args.time_limit, paging_dir)
+    sweep = [overhead_by_batch(name, batch_size, args.repeats) for name, sizes in SWEEP if name in args.models for batch_size in sizes]
     ok = [r for r in rows if "measured_peak_bytes" in r]
     summary = {
         "all_grads_equal": all(r["grads_equal"] for r in ok),
@@ -221,12 +257,14 @@ def main() -> None:
         "runtime_within_10pct_of_prediction": all(abs(r["runtime_vs_prediction"]) <= 0.10 for r in ok),
         "machinery_overhead_under_5pct": all(r["machinery_overhead_vs_plain"] < 0.05 for r in ok),
         "time_vs_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["time_vs_prediction"]) for r in ok},
+        "checkpoint_all_overhead_by_batch": {f"{r['model']} x{r['batch_size']}": float(r["overhead_median"]) for r in sweep},
     }
     write_json_atomic(args.out, {
         "benchmark": "execute",
         "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count()},
         "summary": summary,
         "rows": rows,
+        "overhead_by_batch": sweep,
     })
     print(summary)
 

@@ -67,8 +67,16 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     # calibrated (the default): one factor per model, so that a plain step is the measured whole step
     costs = CostModel.from_profile(graph, loaded)
     assert costs.plain_step_runtime_s == pytest.approx(model.step_runtime_s)
-    factor = model.step_runtime_s / model.node_runtime_sum_s
-    assert np.allclose(costs.runtime_s, raw.runtime_s * factor) and np.allclose(costs.compute_energy_j, raw.compute_energy_j * factor)
+    # forward nodes at the measured forward pass's rate, backward nodes at the rest of the step's
+    backward = np.array([node.is_backward for node in graph.nodes])
+    assert 0 < model.forward_runtime_s < model.step_runtime_s
+    assert costs.runtime_s[~backward].sum() == pytest.approx(model.forward_runtime_s)
+    assert costs.runtime_s[backward].sum() == pytest.approx(model.step_runtime_s - model.forward_runtime_s)
+    ratio = np.divide(costs.compute_energy_j, raw.compute_energy_j, out=np.ones(graph.n_nodes), where=raw.compute_energy_j > 0)
+    assert np.allclose(ratio[raw.runtime_s > 0], (costs.runtime_s / np.where(raw.runtime_s > 0, raw.runtime_s, 1))[raw.runtime_s > 0])
+    # an older profile without the forward pass's time: one factor for all nodes
+    older = CostModel.from_profile(graph, HostProfile.from_dict({**loaded.to_dict(), "model": {**loaded.to_dict()["model"], "forward_runtime_s": None}}))
+    assert np.allclose(older.runtime_s, raw.runtime_s * model.step_runtime_s / model.node_runtime_sum_s)
     assert np.array_equal(costs.pagein_time_s, raw.pagein_time_s)  # paging is measured on its own, not scaled
     assert np.all(costs.pageout_time_s > 0) and costs.platform == "host"
     by_flops = CostModel.from_flops(trace_torch_model("bert_small_torch", fuse=True), loaded.platform())

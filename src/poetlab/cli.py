@@ -376,7 +376,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if profile.model is not None:
         t = profile.model
         rows.append(("model", f"{t.name} (batch {t.batch_size}{', fused' if t.fused else ''}): {len(t.nodes)} nodes"))
-        rows.append(("step time", f"measured {t.step_runtime_s * 1e3:.4g} ms; nodes summed {t.node_runtime_sum_s * 1e3:.4g} ms (ratio {t.node_runtime_sum_s / t.step_runtime_s:.3f})"))
+        forward = f" (forward pass {t.forward_runtime_s * 1e3:.4g} ms)" if t.forward_runtime_s is not None else ""
+        rows.append(("step time", f"measured {t.step_runtime_s * 1e3:.4g} ms{forward}; nodes summed {t.node_runtime_sum_s * 1e3:.4g} ms (ratio {t.node_runtime_sum_s / t.step_runtime_s:.3f})"))
     rows.append(("written to", str(output)))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:

@@ -108,14 +108,16 @@ class CostModel:
         (same node names, e.g. the same traced model with the same fusion); otherwise cost the graph by
         flops on the host: ``CostModel.from_flops(graph, profile.platform())``.
 
-        ``calibrate`` (the default) scales every node's time and energy by one factor, the profile's
-        measured whole step over the sum of its node times, so that the simulator's plain step is the
-        step the profile measured. Why: a node timed alone, over and over, misses what a real step spends
-        between and around nodes (autograd's engine, the allocator, Python's module calls, colder caches);
-        on this machine the sum of node times was 5-20% below a whole step, and that gap, not the
-        schedule, dominated the error of predicted against executed step times (benchmarks/bench_execute.py).
-        The factor prices a recompute at the same rate as a first computation. ``calibrate=False`` gives
-        the node times exactly as probed."""
+        ``calibrate`` (the default) scales the forward nodes' times and energies by one factor, the
+        profile's measured forward pass of a whole step over the sum of their probed times, and the
+        backward nodes' by another (the rest of the step over theirs), so that the simulator's plain step
+        is the step the profile measured (one factor for all nodes with an older profile that did not time
+        the forward pass). Why: a node timed alone, over and over, misses what a real step spends between
+        and around nodes (autograd's engine, the allocator, Python's module calls, colder caches); on this
+        machine the probed forward nodes were up to 20% below their time inside a step while backward
+        nodes were closer, and that gap, not the schedule, dominated the error of predicted against
+        executed step times (benchmarks/bench_execute.py). A recompute is then priced at the forward
+        rate. ``calibrate=False`` gives the node times exactly as probed."""
         timed = profile.model
         names = tuple(node.name for node in graph.nodes)
         if timed is None or tuple(node.name for node in timed.nodes) != names:
@@ -126,8 +128,8 @@ class CostModel:
             )
         runtime = np.array([node.runtime_s for node in timed.nodes], dtype=np.float64)
         energy = np.array([node.energy_j for node in timed.nodes], dtype=np.float64)
-        if calibrate and timed.step_runtime_s > 0 and runtime.sum() > 0:
-            factor = timed.step_runtime_s / runtime.sum()
+        if calibrate:
+            factor = _calibration(graph, runtime, timed.step_runtime_s, timed.forward_runtime_s)
             runtime, energy = runtime * factor, energy * factor
         return cls._with_paging(graph, profile.platform(), runtime, energy)
 
@@ -146,6 +148,18 @@ class CostModel:
             pagein_energy_j=pagein_time * platform.memory_power_w,
             pageout_energy_j=pageout_time * platform.memory_power_w,
         )
+
+
+def _calibration(graph: TrainingGraph, runtime_s: np.ndarray, step_s: float, forward_s: float | None) -> np.ndarray:
+    """Per node, the factor that takes probed node times to their share of a measured whole step: one
+    for the forward nodes (forward pass over their sum) and one for the backward nodes (the rest of the
+    step over theirs) when the forward pass was timed and both parts are positive; else one factor."""
+    backward = np.array([node.is_backward for node in graph.nodes], dtype=bool)
+    forward_sum, backward_sum = float(runtime_s[~backward].sum()), float(runtime_s[backward].sum())
+    if forward_s is not None and 0 < forward_s < step_s and forward_sum > 0 and backward_sum > 0:
+        return np.where(backward, (step_s - forward_s) / backward_sum, forward_s / forward_sum)
+    total = float(runtime_s.sum())
+    return np.full(runtime_s.shape, step_s / total if step_s > 0 and total > 0 else 1.0)
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -342,7 +342,7 @@ class _Storage:
         return self.storage.nbytes() == self.nbytes
 
 
-@dataclass
+@dataclass(slots=True)
 class _NodeState:
     owned: list[_Storage] = field(default_factory=list)
     held: list[_Storage] = field(default_factory=list)
@@ -422,6 +422,17 @@ class ScheduleExecutor:
         self._managed, self._packed, self._hooked = _managed_nodes(graph, schedule, self.binding)
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: list[torch.Tensor] | None = None
+        self._buffers_of: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+
+    def _group_buffers(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Forward node ``i``'s modules' buffers (BatchNorm's running statistics, which a rerun would
+        update a second time) and as many tensors to keep them in while it reruns, allocated once."""
+        found = self._buffers_of.get(i)
+        if found is None:
+            modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module"]
+            buffers = [b for mod in modules for b in mod.buffers() if b.numel()]
+            found = self._buffers_of[i] = (buffers, [torch.empty_like(b) for b in buffers])
+        return found
 
     def _set_aside_grads(self) -> None:
         self._aside = [p.grad for p in self.params]
@@ -515,7 +526,8 @@ class _Run:
         self.values: dict[str, object] = {}
         self.constants: dict[str, object] = {}
         self.records: dict[int, _Storage] = {}  # storage key -> record
-        self.constant_keys = {_key(t.untyped_storage()) for t in [*ex.constants, *_tensors(targets)]}
+        self._constant_keys: set[int] | None = None  # (built on first need: see constant_keys)
+        self.batch_keys: set[int] = set()
         self.store: PageStore | None = None
         if ex._has_pageouts:
             self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
@@ -532,6 +544,15 @@ class _Run:
         self.n_computes = self.n_recomputes = self.n_pageouts = self.n_pageins = 0
         self.n_unplanned = self.n_skipped = 0
         self.n_compresses = self.n_decompresses = self.compressed_bytes = 0
+
+    @property
+    def constant_keys(self) -> set[int]:
+        """Keys of the storages no schedule frees or pages: parameters, buffers, targets, the batch. Built
+        on first need, since a step that manages no node (checkpoint-all) never asks."""
+        if self._constant_keys is None:
+            self._constant_keys = {_key(t.untyped_storage()) for t in [*self.ex.constants, *_tensors(self.targets)]}
+            self._constant_keys |= self.batch_keys
+        return self._constant_keys
 
     def close(self) -> None:
         if self.store is not None:
@@ -806,14 +827,16 @@ class _Run:
             self.loss = out
             self.loss_value = float(out.detach())
         if i in self.ex.binding.inputs:  # the caller's batch: never freed or paged
-            self.constant_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
+            self.batch_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
+            if self._constant_keys is not None:
+                self._constant_keys |= self.batch_keys
         # what it owns: its values' new storages, then those autograd saved that nobody else made
         candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
         managed = i in self.ex._managed
         keys = [_key(t.untyped_storage()) for t, _ in candidates]
         if not managed and not any(key in self.records for key in keys):
             # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
-            st.unmanaged_keys = tuple(key for key in keys if key not in self.constant_keys)
+            st.unmanaged_keys = tuple(keys)
             self.unmanaged_keys.update(dict.fromkeys(st.unmanaged_keys, i))
             self.pending_own = []
         else:
@@ -872,8 +895,9 @@ class _Run:
     def _recompute(self, i: int) -> None:
         """Rerun forward node ``i`` on its inputs and put the fresh bytes into its emptied storages."""
         st = self.state[i]
-        modules = [self.ex.modules[m.target] for m in self.ex.binding.members[i] if m.op == "call_module"]
-        buffers = [(b, b.detach().clone()) for mod in modules for b in mod.buffers()]
+        buffers, backup = self.ex._group_buffers(i)
+        if buffers:
+            torch._foreach_copy_(backup, buffers)
         recorded: list[torch.Tensor] = []
 
         def record_pack(t: torch.Tensor) -> torch.Tensor:
@@ -885,9 +909,9 @@ class _Run:
                 torch.set_rng_state(st.rng_state)
             with torch.autograd.graph.saved_tensors_hooks(record_pack, lambda t: t), torch.enable_grad():
                 values, _ = self._run_group(i, detach=True)
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
+        if buffers:
+            with torch.no_grad():
+                torch._foreach_copy_(buffers, backup)
         if len(recorded) != st.n_packs:
             raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
         for record in st.owned:

@@ -131,6 +131,7 @@ class ModelProfile:
     nodes: tuple[NodeTiming, ...]
     step_runtime_s: float
     step_samples_s: tuple[float, ...] = ()
+    forward_runtime_s: float | None = None  # the forward pass of a whole step (median), None in older profiles
 
     @property
     def node_runtime_sum_s(self) -> float:
@@ -214,6 +215,7 @@ class HostProfile:
                     name=str(model["name"]), batch_size=int(model["batch_size"]), fused=bool(model["fused"]),
                     nodes=tuple(NodeTiming(str(n["name"]), float(n["runtime_s"]), float(n["energy_j"]), tuple(n.get("samples_s", ()))) for n in model["nodes"]),
                     step_runtime_s=float(model["step_runtime_s"]), step_samples_s=tuple(model.get("step_samples_s", ())),
+                    forward_runtime_s=None if model.get("forward_runtime_s") is None else float(model["forward_runtime_s"]),
                 ),
                 notes=tuple(data.get("notes", ())),
                 clock=str(data.get("clock", "wall")),
@@ -496,18 +498,27 @@ def profile_model(
                 energy = rapl.joules_since(start) / (repeats + warmup) if rapl else seconds * compute_power_w
                 timings.append(NodeTiming(node.name, seconds, energy, samples))
 
-            def step(_):
+            now = CLOCKS[clock]
+            forward_samples, step_samples_list = [], []
+            for i in range(warmup + repeats):  # whole steps, their forward pass timed on its own too
+                start = now()
                 out = module(*inputs)
                 loss = loss_fn(out) if targets is None else loss_fn(out, targets)
+                forward_end = now()
                 loss.backward()
+                end = now()
                 for p in module.parameters():
                     p.grad = None
-
-            step_s, step_samples = _median_time(step, repeats, warmup, clock=clock)
+                del out, loss
+                if i >= warmup:
+                    forward_samples.append(forward_end - start)
+                    step_samples_list.append(end - start)
+            step_s, step_samples = statistics.median(step_samples_list), tuple(step_samples_list)
+            forward_s = statistics.median(forward_samples)
     finally:
         for p, g in grads.items():
             p.grad = g
-    return graph, ModelProfile(name, batch_size, fuse, tuple(timings), step_s, step_samples)
+    return graph, ModelProfile(name, batch_size, fuse, tuple(timings), step_s, step_samples, forward_s)
 
 
 def default_profile_dir() -> Path:
