@@ -230,7 +230,7 @@ def test_untraceable_module_names_the_operation_and_the_way_out():
     assert [node.kind for node in graph.nodes if not node.is_backward] == ["input", "Linear", "Gate", "loss"]
 
 
-def test_gradients_and_batch_of_a_traced_graph_are_pinned(tmp_path):
+def test_gradients_of_a_traced_graph_are_pinned(tmp_path):
     """A traced graph's gradients live in autograd's engine: the simulator
     refuses a schedule that pages or recomputes one, and no planner proposes one (POET's MILP at a
     budget tight enough to page and recompute, the greedy starts, DTR, Capuchin)."""
