@@ -73,7 +73,7 @@ from poetlab.errors import PoetlabError
 from poetlab.graph import TrainingGraph
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
-from poetlab.techniques.bittrain import BitmapTensor, compress, decompress
+from poetlab.techniques.bittrain import BitmapTensor, as_words, compress, decompress
 from poetlab.trace import _tensors
 
 __all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes"]
@@ -305,15 +305,6 @@ def _detached(value: object) -> object:
 
 
 _COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED})
-
-
-def _flat(storage: torch.UntypedStorage) -> torch.Tensor:
-    """The storage's bytes as a flat tensor of 4-byte (else 1-byte) integers sharing its memory: the
-    bitmap format compares bit patterns, so the element type does not change what is kept."""
-    nbytes = storage.nbytes()
-    dtype = torch.int32 if nbytes % 4 == 0 else torch.uint8
-    n = nbytes // dtype.itemsize
-    return torch.empty(0, dtype=dtype).set_(storage, 0, (n,), (1,))
 
 
 def _key(storage: torch.UntypedStorage) -> int:
@@ -667,7 +658,7 @@ class _Run:
                 raise ExecutionError(f"the schedule compresses {name}, which is not in RAM or is compressed already")
             for record in st.owned:
                 self._wait(record)
-                record.packed = compress(_flat(record.storage))
+                record.packed = compress(as_words(record.storage))
                 self.planned += record.packed.nbytes
                 self.compressed_bytes += record.packed.nbytes
             self.planned_peak = max(self.planned_peak, self.planned)
@@ -679,7 +670,7 @@ class _Run:
                 self._wait(record)
                 if not record.materialized:  # (still materialized when a view in RAM holds it)
                     record.storage.resize_(record.nbytes)
-                    _flat(record.storage).copy_(decompress(record.packed))
+                    as_words(record.storage).copy_(decompress(record.packed))
             self._set_in_ram(i, True)
             self.n_decompresses += 1
         else:

@@ -195,14 +195,6 @@ def _key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
-def _words(flat: torch.Tensor) -> torch.Tensor:
-    """A flat tensor's bytes as 4-byte integers (1-byte when the size is not a multiple of 4), sharing
-    its memory: zero words are what a bitmap leaves out."""
-    flat = flat.contiguous()
-    raw = flat.view(torch.uint8)
-    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
-
-
 def _nbytes(value: object) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(value))
 
@@ -289,13 +281,14 @@ class _Traced:
         the node owns in the recorded step (its output tensors and the internal tensors autograd saved
         for it), counted as 4-byte words by bit pattern, as :mod:`poetlab.techniques.bittrain` packs
         them. These are the bytes a schedule keeps, frees, pages or compresses as the node's output."""
+        from poetlab.techniques.bittrain import as_words
         out: dict[int, float] = {}
         for index, node in enumerate(self.graph.nodes):
             if node.is_backward or node.kind in ("input", "loss"):
                 continue
             members = self.graph.metadata["fx_groups"][node.name]
-            chunks = [_words(t.detach().reshape(-1)) for t in _tensors(self.record.values[members[-1]])]
-            chunks += [_words(torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,))) for s in self.internal_storages.get(node.name, [])]
+            chunks = [as_words(t.detach().reshape(-1)) for t in _tensors(self.record.values[members[-1]])]
+            chunks += [as_words(s) for s in self.internal_storages.get(node.name, [])]
             total = sum(c.numel() for c in chunks)
             if total:
                 out[index] = sum(int(torch.count_nonzero(c)) for c in chunks) / total

@@ -67,6 +67,18 @@ class BitmapTensor:
         return self.values.numel() / max(1, math.prod(self.shape))
 
 
+def as_words(data: torch.Tensor | torch.UntypedStorage) -> torch.Tensor:
+    """The bytes of a flat tensor, or of a whole storage, as one flat tensor of 4-byte integers (1-byte
+    when the size is not a multiple of 4) sharing its memory. The bitmap format compares bit patterns,
+    so the element type does not change what is kept: these are the words a compressed copy counts,
+    whether the executor compresses a node's storage or a density is measured over it."""
+    if isinstance(data, torch.UntypedStorage):
+        raw = torch.empty(0, dtype=torch.uint8).set_(data, 0, (data.nbytes(),), (1,))
+    else:
+        raw = data.contiguous().view(torch.uint8)
+    return raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+
+
 def compress(tensor: torch.Tensor) -> BitmapTensor:
     """The bitmap form of ``tensor`` (any shape, contiguous or not)."""
     flat = tensor.detach().reshape(-1)

@@ -35,8 +35,6 @@ decompress and compressed-free operations.
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -90,23 +88,16 @@ def measure_bitmap_rates(
     seeded float32 tensors of ``numel`` elements at each density (median of ``repeats`` after
     ``warmup``), with torch's current thread count. ``clock`` is ``cpu`` (this thread's CPU time: steady
     on a shared machine; needs one torch thread, as the host profile's node times) or ``wall``."""
-    from poetlab.profile import CLOCKS
+    from poetlab.profile import CLOCKS, _median_time
 
     if clock not in CLOCKS or (clock == "cpu" and torch.get_num_threads() != 1):
         raise InvalidArgumentError(f"clock must be one of {', '.join(CLOCKS)} (cpu only with one torch thread), got {clock!r}")
     if numel < 1024 or repeats < 1 or warmup < 0 or not densities or list(densities) != sorted(set(densities)) or not all(0.0 <= d <= 1.0 for d in densities):
         raise InvalidArgumentError("measure_bitmap_rates needs numel >= 1024, repeats >= 1, warm-up >= 0 and increasing densities in [0, 1]")
-    now = CLOCKS[clock]
     generator = torch.Generator().manual_seed(seed)
 
     def median(run: Callable[[], object]) -> float:
-        samples = []
-        for i in range(warmup + repeats):
-            started = now()
-            run()
-            if i >= warmup:
-                samples.append(now() - started)
-        return statistics.median(samples) / numel
+        return _median_time(lambda _: run(), repeats, warmup, clock=clock)[0] / numel
 
     pack, unpack = [], []
     for density in densities:
