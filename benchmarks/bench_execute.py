@@ -7,7 +7,10 @@ small encoder) the host is profiled first (``poetlab.profile.profile_host``: per
 real files with fsync, one thread), which gives the cost model of the simulator's time prediction. POET's
 MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
 recompute, no paging) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
-steps on a copy of the same model:
+steps on a copy of the same model (and with prefetching page-ins where the schedule pages), in a
+rotating order. The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
+process-wide, so for plain steps too), and each step's minor page faults are recorded
+(``median_page_faults`` beside ``median_plain_page_faults``):
 
 - ``grads_equal``: the first executed step's parameter gradients equal the plain step's, bit for bit;
 - ``measured_peak_bytes``: the allocator's peak (profiler memory events) of one more step, beside the
@@ -19,13 +22,20 @@ steps on a copy of the same model:
   time of the page-outs and page-ins (waiting for the disk is not CPU time), against
   ``predicted_runtime_s`` (the simulator: profiled node times + the profile's disk fit). CPU time of the
   checkpoint-all schedule against a plain step's (``cpu_time_vs_plain`` at budget 1.0) is the executor's
-  own overhead; at every budget, ``machinery_overhead_vs_plain`` is the executed runtime less a plain
-  step less what the schedule itself adds by the simulator (recomputes, paging), over a plain step: the
-  cost of our machinery beyond what the schedule asks for. Wall-clock figures are kept beside
+  own overhead; at every budget, ``machinery_overhead_vs_plain`` is the executed step's CPU time less the
+  reruns' (``ExecutionResult.recompute_cpu_s``) and the paging's, over a plain step: the cost of our
+  machinery beyond the work the schedule asks for. ``recompute_vs_prediction`` compares the reruns' time
+  with the simulator's price for them, and ``overhead_beyond_predicted_vs_plain`` is the executed runtime
+  less a plain step less what the simulator says the schedule adds, over a plain step (both errors
+  together). Wall-clock figures are kept beside
   (``median_wall_s``, ``time_vs_plain``), noisy on a shared machine. Profiled node times run alone do not
   add up to a whole step (``profiled_node_sum_s`` vs ``profiled_plain_step_s``); the cost model scales
   them to the measured step (``CostModel.from_profile``, calibrated), and ``uncalibrated_predicted_runtime_s``
-  is the prediction from the raw node times.
+  is the prediction from the raw node times. This shared machine's speed drifts by up to ~10% between the
+  profile and a case's steps (the plain steps of one run vary that much from case to case), so
+  ``runtime_vs_prediction_relative_to_plain`` also compares the two ratios, executed over the plain steps
+  timed beside it against predicted over the profiled plain step: the prediction's error with the drift
+  taken out.
 
 The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
 so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
@@ -41,6 +51,7 @@ import argparse
 import copy
 import os
 import platform as host
+import resource
 import statistics
 import tempfile
 import time
@@ -52,7 +63,7 @@ from tqdm.auto import tqdm
 import poetlab
 from poetlab._io import write_json_atomic
 from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor, memory_allowance_bytes
+from poetlab.execute import ScheduleExecutor, memory_allowance_bytes, retain_freed_memory
 from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
@@ -76,8 +87,34 @@ def _plain(module, inputs, targets, loss_fn) -> tuple[float, float]:
     return time.perf_counter() - start, time.thread_time() - cpu
 
 
+def _page_faults() -> int:
+    """Minor page faults of this process so far (a fresh page of memory touched for the first time)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _interleaved(runs: dict[str, object], repeats: int) -> dict[str, list]:
+    """Each of ``runs`` (name -> a callable returning a sample) ``repeats`` times, interleaved and in a
+    rotating order, so that load from other processes and cache warmth from the step before hit all alike."""
+    names, samples = list(runs), {name: [] for name in runs}
+    for k in range(repeats):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            samples[name].append(runs[name]())
+    return samples
+
+
+def _recomputed(schedule) -> list[int]:
+    """The nodes of each recompute in ``schedule`` (a compute of a node computed before), batch included."""
+    seen, out = set(), []
+    for op in schedule.ops:
+        if op.kind is OpKind.COMPUTE:
+            if op.node in seen:
+                out.append(op.node)
+            seen.add(op.node)
+    return out
+
+
 def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
-    profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=5, threads=1)
+    profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
     costs = poetlab.CostModel.from_profile(graph, profile)
@@ -111,23 +148,31 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         if predicted.n_pageins:
             prefetching = ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
             prefetching.step(model.inputs, model.targets)
-        plain_s, exec_s, prefetch_s, plain_cpu_s, exec_cpu_s, exec_runtime_s = [], [], [], [], [], []
-        for _ in range(repeats):  # interleaved, so that load from other processes hits all alike
-            for m in (plain, scheduled, *([prefetching.module] if prefetching else [])):
-                for p in m.parameters():
-                    p.grad = None
-            wall, cpu = _plain(plain, model.inputs, model.targets, model.loss_fn)
-            plain_s.append(wall)
-            plain_cpu_s.append(cpu)
-            start = time.perf_counter()
-            stepped = executor.step(model.inputs, model.targets)
-            exec_s.append(time.perf_counter() - start)
-            exec_cpu_s.append(stepped.cpu_s)
-            exec_runtime_s.append(stepped.runtime_s)
-            if prefetching is not None:
-                start = time.perf_counter()
-                prefetching.step(model.inputs, model.targets)
-                prefetch_s.append(time.perf_counter() - start)
+
+        def plain_step():
+            for p in plain.parameters():
+                p.grad = None
+            faults = _page_faults()
+            return (*_plain(plain, model.inputs, model.targets, model.loss_fn), _page_faults() - faults)
+
+        def scheduled_step(ex=executor):
+            for p in ex.params:
+                p.grad = None
+            faults, start = _page_faults(), time.perf_counter()
+            stepped = ex.step(model.inputs, model.targets)
+            return time.perf_counter() - start, stepped, _page_faults() - faults
+
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, repeats)
+        plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
+        exec_s = [wall for wall, _, _ in timed["scheduled"]]
+        exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
+        exec_runtime_s = [stepped.runtime_s for _, stepped, _ in timed["scheduled"]]
+        exec_faults = [faults for _, _, faults in timed["scheduled"]]
+        # the executor's own time: the step's CPU time less the reruns' and the paging's (the schedule's work)
+        exec_own_s = [stepped.cpu_s - stepped.paging_cpu_s - stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
+        exec_recompute_s = [stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
+        predicted_recompute_s = sum(float(costs.runtime_s[i]) for i in _recomputed(schedule))
+        prefetch_s = [wall for wall, _, _ in timed.get("prefetch", [])]
         for p in scheduled.parameters():
             p.grad = None
         measured = executor.step(model.inputs, model.targets, measure_memory=True)
@@ -166,14 +211,24 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "predicted_paging_time_s": predicted.paging_time_s,
             "profiled_plain_step_s": profile.model.step_runtime_s,
             "profiled_node_sum_s": profile.model.node_runtime_sum_s,
+            "median_page_faults": statistics.median(exec_faults),
+            "median_plain_page_faults": statistics.median(plain_faults),
             "median_cpu_s": statistics.median(exec_cpu_s),
             "median_plain_cpu_s": statistics.median(plain_cpu_s),
             "cpu_time_vs_plain": statistics.median(exec_cpu_s) / statistics.median(plain_cpu_s) - 1,
             "min_cpu_time_vs_plain": min(exec_cpu_s) / min(plain_cpu_s) - 1,
             "schedule_extra_s": predicted.runtime_s - costs.plain_step_runtime_s,
-            "machinery_overhead_vs_plain": (statistics.median(exec_runtime_s) - (predicted.runtime_s - costs.plain_step_runtime_s)) / statistics.median(plain_cpu_s) - 1,
+            "machinery_overhead_vs_plain": statistics.median(exec_own_s) / statistics.median(plain_cpu_s) - 1,
+            "overhead_beyond_predicted_vs_plain": (statistics.median(exec_runtime_s) - (predicted.runtime_s - costs.plain_step_runtime_s)) / statistics.median(plain_cpu_s) - 1,
+            "median_recompute_cpu_s": statistics.median(exec_recompute_s),
+            "predicted_recompute_s": predicted_recompute_s,
+            "recompute_vs_prediction": statistics.median(exec_recompute_s) / predicted_recompute_s - 1 if predicted_recompute_s else None,
             "median_runtime_s": statistics.median(exec_runtime_s),
             "runtime_vs_prediction": statistics.median(exec_runtime_s) / predicted.runtime_s - 1,
+            # the same, with the machine's drift between the profile and this case taken out: the executed
+            # step over the plain steps timed beside it, against the prediction over the profiled plain step
+            "runtime_vs_prediction_relative_to_plain": (statistics.median(exec_runtime_s) / statistics.median(plain_cpu_s))
+            / (predicted.runtime_s / costs.plain_step_runtime_s) - 1,
             "plain_cpu_vs_profiled_node_sum": statistics.median(plain_cpu_s) / profile.model.node_runtime_sum_s - 1,
             "median_wall_s": statistics.median(exec_s),
             "min_wall_s": min(exec_s),
@@ -208,16 +263,19 @@ def overhead_by_batch(name: str, batch_size: int, repeats: int) -> dict[str, obj
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
     plain = copy.deepcopy(model.module)
     executor = ScheduleExecutor(copy.deepcopy(model.module), graph, checkpoint_all_schedule(graph), model.loss_fn)
-    plain_s, exec_s = [], []
-    for i in range(repeats + 2):
-        for m in (plain, executor.module):
-            for p in m.parameters():
-                p.grad = None
-        _, cpu = _plain(plain, model.inputs, model.targets, model.loss_fn)
-        stepped = executor.step(model.inputs, model.targets)
-        if i >= 2:  # two warm-up steps
-            plain_s.append(cpu)
-            exec_s.append(stepped.cpu_s)
+
+    def plain_step():
+        for p in plain.parameters():
+            p.grad = None
+        return _plain(plain, model.inputs, model.targets, model.loss_fn)[1]
+
+    def scheduled_step():
+        for p in executor.params:
+            p.grad = None
+        return executor.step(model.inputs, model.targets).cpu_s
+
+    timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step}, repeats + 2)
+    plain_s, exec_s = timed["plain"][2:], timed["scheduled"][2:]  # (two warm-up steps each)
     row = {
         "model": name, "batch_size": batch_size, "n_nodes": graph.n_nodes,
         "median_plain_cpu_s": statistics.median(plain_s), "median_cpu_s": statistics.median(exec_s),
@@ -240,6 +298,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # as profiled
     torch.use_deterministic_algorithms(True)
+    retained = retain_freed_memory()  # (plain steps and scheduled ones alike: one process)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm([c for c in CASES if c[0] in args.models], desc="execute benchmark"):
@@ -254,14 +313,18 @@ def main() -> None:
         "checkpoint_all_overhead_vs_plain_median": {r["model"]: float(r["time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
         "checkpoint_all_overhead_vs_plain_min": {r["model"]: float(r["min_time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
         "machinery_overhead_vs_plain": {f"{r['model']}@{r['budget_fraction']}": float(r["machinery_overhead_vs_plain"]) for r in ok},
+        "overhead_beyond_predicted_vs_plain": {f"{r['model']}@{r['budget_fraction']}": float(r["overhead_beyond_predicted_vs_plain"]) for r in ok},
+        "recompute_vs_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["recompute_vs_prediction"]) for r in ok if r["recompute_vs_prediction"] is not None},
         "runtime_within_10pct_of_prediction": all(abs(r["runtime_vs_prediction"]) <= 0.10 for r in ok),
+        "runtime_vs_prediction_relative_to_plain": {f"{r['model']}@{r['budget_fraction']}": float(r["runtime_vs_prediction_relative_to_plain"]) for r in ok},
+        "runtime_within_10pct_of_prediction_relative_to_plain": all(abs(r["runtime_vs_prediction_relative_to_plain"]) <= 0.10 for r in ok),
         "machinery_overhead_under_5pct": all(r["machinery_overhead_vs_plain"] < 0.05 for r in ok),
         "time_vs_prediction": {f"{r['model']}@{r['budget_fraction']}": float(r["time_vs_prediction"]) for r in ok},
         "checkpoint_all_overhead_by_batch": {f"{r['model']} x{r['batch_size']}": float(r["overhead_median"]) for r in sweep},
     }
     write_json_atomic(args.out, {
         "benchmark": "execute",
-        "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count()},
+        "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count(), "allocator_retains_freed_memory": retained},
         "summary": summary,
         "rows": rows,
         "overhead_by_batch": sweep,

@@ -21,6 +21,7 @@ from torch import nn
 
 import poetlab
 from poetlab._io import write_json_atomic
+from poetlab.execute import retain_freed_memory
 from poetlab.finetune import DigitsCNN, compare_training, digits_batches
 from poetlab.plotting import save_figures, training_figure
 from poetlab.schedule import checkpoint_all_schedule, simulate
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
+    retain_freed_memory()  # (plain and scheduled steps alike: one process)
     torch.manual_seed(0)
     module = DigitsCNN()
     batches = digits_batches(args.batch_size, args.steps, seed=0)

@@ -379,3 +379,28 @@ def test_recompute_before_a_group_without_its_own_autograd_node():
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
     assert {late, index["grad:blocks_1_conv1"]} <= executor._hooked
     _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)
+
+
+@pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("resnet", False)])
+def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
+    """Checkpoint-all changes nothing PyTorch would not do: its whole forward pass between the batch and
+    the loss is one segment (one generated function), its backward pass one replay of bookkeeping, and
+    the step is plain autograd's. A remat schedule's forward pass splits into segments around the nodes
+    it manages; the step is still autograd's, with every operation counted."""
+    module, inputs, targets, graph, costs = _traced(name, fuse)
+    loss_fn = nn.CrossEntropyLoss()
+    full = checkpoint_all_schedule(graph)
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, full, loss_fn)
+    forward = [op.node for op in full.ops if op.kind is OpKind.COMPUTE and not graph.nodes[op.node].is_backward]
+    (segment,) = executor._segments.values()
+    assert [i for i, what in segment.events if what == 1] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
+    assert executor._tail[0] < len(full.ops)
+    result = _check_step(name, fuse, full, graph, costs, module, inputs, targets)
+    assert result.n_computes == len([op for op in full.ops if op.kind is OpKind.COMPUTE])
+    remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, remat, loss_fn)
+    assert len(executor._segments) >= 1 and executor._managed
+    in_segments = {i for s in executor._segments.values() for i, what in s.events if what == 1}
+    assert not in_segments & executor._packed
+    result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
+    assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])

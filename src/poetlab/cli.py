@@ -235,6 +235,7 @@ def _cmd_execute(args: argparse.Namespace) -> int:
 
     import torch
 
+    from poetlab.execute import retain_freed_memory
     from poetlab.finetune import compare_training
     from poetlab.torch_models import TORCH_MODELS, build_torch_model
 
@@ -246,6 +247,7 @@ def _cmd_execute(args: argparse.Namespace) -> int:
         print(f"{result.status}: {result.message}")
         return EXIT_NO_SCHEDULE
     model = build_torch_model(args.model, args.batch_size)
+    retain_freed_memory()  # (this process runs schedules: no page faults for memory freed mid-step)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
