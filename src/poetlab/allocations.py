@@ -21,7 +21,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
 from torch.profiler import ProfilerActivity, profile
+
+from poetlab.errors import PoetlabError
 
 
 @dataclass
@@ -66,7 +69,10 @@ def measure_allocations() -> Iterator[AllocationPeak]:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         yield result
     events: list[tuple[int, int, int]] = []
-    _allocations(prof.profiler.kineto_results.experimental_event_tree(), events)
+    results = getattr(prof.profiler, "kineto_results", None)
+    if results is None or not hasattr(results, "experimental_event_tree"):  # (a private API of the pinned torch)
+        raise PoetlabError(f"torch {torch.__version__}'s profiler has no allocation event tree; install the pinned torch (pyproject.toml) to measure peaks")
+    _allocations(results.experimental_event_tree(), events)
     events.sort(key=lambda item: item[0])
     result.events = events
     current = peak = 0

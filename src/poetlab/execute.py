@@ -36,10 +36,20 @@ written by hand, so any traced model runs:
 after its last use is what plain PyTorch does by itself (autograd keeps what it saved until the backward
 node that reads it has run; reference counting frees the rest), so such nodes run without storage
 records, saved-tensor hooks or backward pre-hooks, and the executor only drops its own references at
-their free. The machinery (records, hooks, the pre-hooks that advance the schedule) is switched on for
-the nodes the schedule frees early, pages, compresses or recomputes, the inputs of recomputed nodes, and
-the nodes that read them (``_managed_nodes``). Its cost then follows what the schedule asks for rather
-than the model's size: a checkpoint-all schedule runs at close to a plain step's speed.
+their free (the inputs of a recompute at theirs: the reference keeps them, as the schedule does). The
+machinery (records, hooks, the pre-hooks that advance the schedule) is switched on for the nodes the
+schedule frees early, pages, compresses or recomputes, and the nodes that read them
+(``_managed_nodes``). Runs of the forward pass that touch no managed node run as one ``torch.fx``
+generated function (a :class:`_Segment`), which drops each value after its last use as the model's own
+forward would, and the bookkeeping of operations that need no work (frees of unmanaged nodes, the
+gradients autograd computes) is replayed in one loop. The machinery's cost then follows what the schedule
+asks for rather than the model's size: a checkpoint-all schedule runs at a plain step's speed (within
+the measurement noise of a few percent, ``benchmarks/bench_execute.py``), and each node the schedule
+does manage costs tens of microseconds of Python (hooks on each tensor autograd saves, records).
+
+A process that runs schedules should call :func:`retain_freed_memory` once: glibc hands large freed
+blocks back to the kernel, and a schedule that frees tensors mid-step would page-fault them back in on
+every step, which a plain step does not.
 
 Gradients (backward nodes' outputs) live in autograd's engine, which frees each after its last use as
 the schedule does: a traced graph pins them (:attr:`poetlab.TrainingGraph.pinned`), so the simulator
@@ -295,11 +305,7 @@ def _tail(ex: "ScheduleExecutor") -> tuple[int, tuple[tuple[int, int], ...]]:
     """(position, events): the last run of the schedule, after the backward pass has begun, made of
     bookkeeping only (:func:`_bookkeeping`); after ``loss.backward()`` the ops from there on are
     replayed at once."""
-    ops, binding = ex.schedule.ops, ex.binding
-    n_computes: dict[int, int] = {}
-    for op in ops:
-        if op.kind is OpKind.COMPUTE:
-            n_computes[op.node] = n_computes.get(op.node, 0) + 1
+    ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
     start = len(ops)
     while start > 0:
         op = ops[start - 1]
@@ -314,11 +320,7 @@ def _tail(ex: "ScheduleExecutor") -> tuple[int, tuple[tuple[int, int], ...]]:
 def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
     """The forward pass's runs of unmanaged operations (:class:`_Segment`) of two computes or more, by
     their first position in the schedule."""
-    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
-    n_computes: dict[int, int] = {}
-    for op in ops:
-        if op.kind is OpKind.COMPUTE:
-            n_computes[op.node] = n_computes.get(op.node, 0) + 1
+    ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
     plain_kinds = ("call_module", "call_function", "call_method", "get_attr")
 
     def forward(i: int) -> bool:
@@ -403,10 +405,11 @@ def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) 
     their free (or when the backward pass begins). Those a recompute reads (*kept*) keep their values
     until their free instead: the reference keeps the memory, as the schedule does, and the machinery's
     cost per managed node (~90 us of Python per node on MobileNetV2: saved-tensor hooks on its ~8 saved
-    tensors, records, pre-hooks) is not paid for them. *packed* nodes run under the saved-tensor hooks: the managed ones and those that read one (so that
-    autograd's reads of managed storages are checked and wait for a prefetch). *hooked* backward nodes
-    get the pre-hook that advances the schedule: from the first one before whose compute the schedule
-    does something to a managed node, every later one. (Not only those: a group without an autograd node
+    tensors, records, pre-hooks) is not paid for them. *packed* nodes run under the saved-tensor hooks:
+    the managed ones and those that read one (so that autograd's reads of managed storages are checked
+    and wait for a prefetch). *hooked* backward nodes get the pre-hook that advances the schedule: from
+    the first one before whose compute the schedule does something to a managed or kept node, every
+    later one. (Not only those: a group without an autograd node
     of its own, an identity shortcut, shares another group's, whose pre-hook then fires later than the
     schedule's order says; the next group's pre-hook catches up.) A schedule that changes nothing in the
     backward pass, checkpoint-all, runs with no pre-hook at all: the machinery's cost follows what the
@@ -565,7 +568,14 @@ class ScheduleExecutor:
             _compile_group(self.gm, ms, ext) if i != self.binding.loss else None
             for i, (ms, ext) in enumerate(zip(self.binding.members, self._external, strict=True))
         ]
+        self._n_computes: dict[int, int] = {}
+        for op in schedule.ops:
+            if op.kind is OpKind.COMPUTE:
+                self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
+        if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
+            # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
+            raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
         self._segments = _segments(self)
         self._tail = _tail(self)
         self._output_bytes = [node.output_bytes for node in graph.nodes]
@@ -904,7 +914,7 @@ class _Run:
         if st.in_ram == in_ram:
             return
         st.in_ram = in_ram
-        self.planned += (1 if in_ram else -1) * self.ex.graph.nodes[i].output_bytes
+        self.planned += (1 if in_ram else -1) * self.ex._output_bytes[i]
         self.planned_peak = max(self.planned_peak, self.planned)
         self._count_holders(st, in_ram)
 
