@@ -295,10 +295,11 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--paging-dir", default=None, help="where the paging files go (default: a temporary directory)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--malloc-defaults", action="store_true", help="leave glibc's malloc as it is (no retain_freed_memory): to see the page faults it causes")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as profiled
     torch.use_deterministic_algorithms(True)
-    retained = retain_freed_memory()  # (plain steps and scheduled ones alike: one process)
+    retained = False if args.malloc_defaults else retain_freed_memory()  # (plain steps and scheduled ones alike: one process)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm([c for c in CASES if c[0] in args.models], desc="execute benchmark"):

@@ -231,18 +231,28 @@ class _CompiledGroup:
     run: Callable[..., tuple[object, ...]]
 
 
-def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tuple[str, ...]) -> _CompiledGroup | None:
-    """The group as a :class:`_CompiledGroup`, or None for a group of one fx node (calling its module
-    or function directly is as fast), one that reads the caller's inputs (placeholders stay
-    interpreted) or one without fx nodes (backward nodes)."""
-    if len(members) < 2 or any(m.op not in ("call_module", "call_function", "call_method", "get_attr") for m in members):
-        return None
+#: the fx node kinds that generated code can run as they are (placeholders read the caller's inputs)
+_PLAIN_FX_OPS = ("call_module", "call_function", "call_method", "get_attr")
+
+
+def _outside_inputs(members: Sequence[fx.Node]) -> dict[str, fx.Node]:
+    """The fx nodes that ``members`` read and that are not among them, by name, in order of first read."""
     inside = {m.name for m in members}
     deps: dict[str, fx.Node] = {}
     for m in members:
         for d in m.all_input_nodes:
             if d.name not in inside:
                 deps.setdefault(d.name, d)
+    return deps
+
+
+def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tuple[str, ...]) -> _CompiledGroup | None:
+    """The group as a :class:`_CompiledGroup`, or None for a group of one fx node (calling its module
+    or function directly is as fast), one that reads the caller's inputs (placeholders stay
+    interpreted) or one without fx nodes (backward nodes)."""
+    if len(members) < 2 or any(m.op not in _PLAIN_FX_OPS for m in members):
+        return None
+    deps = _outside_inputs(members)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
     for m in members:
@@ -321,7 +331,6 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
     """The forward pass's runs of unmanaged operations (:class:`_Segment`) of two computes or more, by
     their first position in the schedule."""
     ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
-    plain_kinds = ("call_module", "call_function", "call_method", "get_attr")
 
     def forward(i: int) -> bool:
         return binding.forward_of[i] is None and i not in binding.inputs and i != binding.loss
@@ -332,7 +341,7 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
             return forward(i) and i not in ex._managed and i not in ex._kept
         return (
             op.kind is OpKind.COMPUTE and forward(i) and i not in ex._packed and n_computes[i] == 1
-            and all(m.op in plain_kinds for m in binding.members[i])
+            and all(m.op in _PLAIN_FX_OPS for m in binding.members[i])
         )
 
     runs: list[tuple[int, int]] = []
@@ -360,14 +369,11 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
 
 
 def _compile_segment(ex: "ScheduleExecutor", start: int, end: int, computed: list[int]) -> _Segment:
+    """The :class:`_Segment` of operations ``start:end``, which compute the forward nodes ``computed``."""
     binding = ex.binding
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
-    deps: dict[str, fx.Node] = {}
-    for m in members:
-        for d in m.all_input_nodes:
-            if d.name not in inside:
-                deps.setdefault(d.name, d)
+    deps = _outside_inputs(members)
     outputs = [m.name for m in members if any(u.name not in inside for u in m.users)]
     sub = fx.Graph()
     env_list, run = sub.placeholder("env"), sub.placeholder("run")
@@ -1205,8 +1211,11 @@ def retain_freed_memory() -> bool:
     trims its heap's free top), so the next tensor of that size page-faults fresh, zeroed pages in. A
     plain step frees its activations only at the end and settles into reusing the same blocks; a schedule
     that frees a tensor mid-step and recomputes or pages it back in paid those page faults on every step
-    (751 per step, ~1 ms of a 16 ms MobileNetV2 step at budget 0.5 in ``benchmarks/bench_execute.py``).
-    With this the blocks stay in the heap: what a device's fixed arena does. The allocator's accounting,
+    (a fresh process running MobileNetV2 x0.35 at 128x128 under greedy remat at half of checkpoint-all's
+    memory: ~140 minor faults per step, 11 with this; ``tests/test_execute.py``). How many depends on the
+    process's past, since glibc raises its thresholds as large blocks are freed (the benchmark, after
+    profiling, saw 3-13). With this the blocks stay in the heap whatever came before: what a device's
+    fixed arena does. The allocator's accounting,
     which is what the executor measures as peak, is not changed; the process's resident size stays at
     its high-water mark."""
     import ctypes
