@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.execute import ExecutionError, ScheduleExecutor, execute, memory_allowance_bytes
+from poetlab.execute import _COMPUTE, ExecutionError, ScheduleExecutor, execute, memory_allowance_bytes
 from poetlab.baselines import capuchin
 from poetlab.baselines.base import Budgets
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -396,14 +396,14 @@ def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
     executor = ScheduleExecutor(copy.deepcopy(module), graph, full, loss_fn)
     forward = [op.node for op in full.ops if op.kind is OpKind.COMPUTE and not graph.nodes[op.node].is_backward]
     (segment,) = executor._segments.values()
-    assert [i for i, what in segment.events if what == 1] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
+    assert [i for i, what in segment.events if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
     assert executor._tail[0] < len(full.ops)
     result = _check_step(name, fuse, full, graph, costs, module, inputs, targets)
     assert result.n_computes == len([op for op in full.ops if op.kind is OpKind.COMPUTE])
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, remat, loss_fn)
     assert len(executor._segments) >= 1 and executor._managed
-    in_segments = {i for s in executor._segments.values() for i, what in s.events if what == 1}
+    in_segments = {i for s in executor._segments.values() for i, what in s.events if what == _COMPUTE}
     assert not in_segments & executor._packed
     result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
     assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])
