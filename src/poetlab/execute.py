@@ -839,9 +839,7 @@ class _Run:
         del results
         self.values.update(values)
         for i, names in segment.escaping:  # (only values read later can be seen again: by storage key)
-            st = self.state[i]
-            st.unmanaged_keys = tuple(_key(t.untyped_storage()) for name in names for t in _tensors(values[name]))
-            self.unmanaged_keys.update(dict.fromkeys(st.unmanaged_keys, i))
+            self._track_values(i, [_key(t.untyped_storage()) for name in names for t in _tensors(values[name])])
         self._replay(segment.events)
 
     def _replay(self, events: Sequence[tuple[int, int]]) -> None:
@@ -903,6 +901,12 @@ class _Run:
             for record in st.owned:
                 self.planned -= record.packed.nbytes
                 record.packed = None
+
+    def _track_values(self, i: int, keys: Sequence[int]) -> None:
+        """Unmanaged node ``i``'s values live in the storages of ``keys``: a managed node that saves or views
+        them finds their producer (:meth:`_drop_values` forgets them)."""
+        self.state[i].unmanaged_keys = tuple(keys)
+        self.unmanaged_keys.update(dict.fromkeys(keys, i))
 
     def _drop_values(self, i: int) -> None:
         """Forget unmanaged node ``i``'s values: their memory goes when autograd no longer needs it."""
@@ -1057,8 +1061,7 @@ class _Run:
         keys = [_key(t.untyped_storage()) for t, _ in candidates]
         if not managed and not any(key in self.records for key in keys):
             # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
-            st.unmanaged_keys = tuple(keys)
-            self.unmanaged_keys.update(dict.fromkeys(st.unmanaged_keys, i))
+            self._track_values(i, keys)
             self.pending_own = []
         else:
             candidates += [(t, ("pack", position)) for position, t in self.pending_own]
