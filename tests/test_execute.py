@@ -410,7 +410,7 @@ def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
 
 
 _FAULTS_PROBE = """
-import resource, sys
+import resource, statistics, sys
 import torch
 import poetlab
 from poetlab.execute import ScheduleExecutor, retain_freed_memory
@@ -427,11 +427,11 @@ costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
 schedule = greedy_remat_schedule(graph, costs, 0.5 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes)
 executor = ScheduleExecutor(model.module, graph, schedule, model.loss_fn)
 faults = []
-for _ in range(6):
+for _ in range(12):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     executor.step(model.inputs, model.targets)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(min(faults[2:]))
+print(statistics.median(faults[6:]))  # (steps 7-12: the heap takes a few steps to grow to the step's needs)
 """
 
 
@@ -439,11 +439,13 @@ print(min(faults[2:]))
 def test_retained_memory_spares_a_recompute_schedule_its_page_faults():
     """glibc hands freed blocks of 128 KiB and more back to the kernel; a schedule that frees tensors
     mid-step (MobileNetV2 x0.35 at 128x128, greedy remat at half of checkpoint-all: 1.5 MB tensors) then
-    page-faults fresh pages in on every step (~140 per step measured here). With retain_freed_memory()
-    the blocks are reused. (Run in fresh interpreters: the setting is process-wide.)"""
+    page-faults fresh pages in on every step (a median of 1,800-3,000 per step over steps 7-12, measured
+    here). With retain_freed_memory() the blocks are reused: 12-100, with the odd step in the hundreds
+    (other allocations still grow the heap now and then), hence a median and a factor of 4, not a fixed
+    bound. (Run in fresh interpreters: the setting is process-wide.)"""
     env = {**os.environ, "PYTHONPATH": str(Path(poetlab.__file__).parents[1])}
     faults = {
-        mode: int(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
+        mode: float(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
         for mode in ("default", "retain")
     }
-    assert faults["retain"] < 32 and faults["retain"] < faults["default"], faults
+    assert 4 * faults["retain"] < faults["default"], faults
