@@ -427,11 +427,11 @@ costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
 schedule = greedy_remat_schedule(graph, costs, 0.5 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes)
 executor = ScheduleExecutor(model.module, graph, schedule, model.loss_fn)
 faults = []
-for _ in range(12):
+for _ in range(24):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     executor.step(model.inputs, model.targets)
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(statistics.median(faults[6:]))  # (steps 7-12: the heap takes a few steps to grow to the step's needs)
+print(statistics.median(faults[6:]))  # (steps 7-24: the first steps grow the heap to the step's needs)
 """
 
 
@@ -439,13 +439,15 @@ print(statistics.median(faults[6:]))  # (steps 7-12: the heap takes a few steps 
 def test_retained_memory_spares_a_recompute_schedule_its_page_faults():
     """glibc hands freed blocks of 128 KiB and more back to the kernel; a schedule that frees tensors
     mid-step (MobileNetV2 x0.35 at 128x128, greedy remat at half of checkpoint-all: 1.5 MB tensors) then
-    page-faults fresh pages in on every step (a median of 1,800-3,000 per step over steps 7-12, measured
-    here). With retain_freed_memory() the blocks are reused: 12-100, with the odd step in the hundreds
-    (other allocations still grow the heap now and then), hence a median and a factor of 4, not a fixed
-    bound. (Run in fresh interpreters: the setting is process-wide.)"""
+    page-faults fresh pages in on every step: a median of 1,100-3,000 per step over steps 7-24 (six fresh
+    processes here). With retain_freed_memory() the blocks are reused: a median of 12-14. A step in three
+    or so still faults a few hundred pages with it: the heap goes on growing (``brk``, seen with strace)
+    for some steps while its free blocks settle into the step's pattern, so a median over 18 steps, not
+    over 6 (a CI run once measured 398 over steps 7-12), and a factor of 10 where 80 was the least seen.
+    (Run in fresh interpreters: the setting is process-wide.)"""
     env = {**os.environ, "PYTHONPATH": str(Path(poetlab.__file__).parents[1])}
     faults = {
         mode: float(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
         for mode in ("default", "retain")
     }
-    assert 4 * faults["retain"] < faults["default"], faults
+    assert 10 * faults["retain"] < faults["default"], faults
