@@ -37,6 +37,16 @@ process-wide, so for plain steps too), and each step's minor page faults are rec
   timed beside it against predicted over the profiled plain step: the prediction's error with the drift
   taken out.
 
+A rerun also costs the rest of the step something no timer around it sees: it evicts from the caches
+what the next backward operations would have found there. So each case also times ``HandReruns``, a
+plain step that does the schedule's reruns by hand at the same points, without the executor
+(``hand_reruns_grads_equal`` checks it is the same step): ``rerun_side_effect_vs_plain`` is its time
+less its reruns' over a plain step, and ``machinery_overhead_vs_hand_reruns`` the executed step's CPU
+time (paging's left out) less the hand-rerun step's, over a plain step: the executor's own time with
+what recomputing costs by itself taken out. ``plain_control_vs_plain`` times a second copy of the plain
+model beside the first: the same steps on other memory differ by that much (where the copies lie moves a
+small step by a few hundred microseconds), the floor of every comparison in a case.
+
 The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
 so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
 (no node managed) against plain steps at several batch sizes (thread CPU time, interleaved, median and
@@ -58,12 +68,13 @@ import time
 from pathlib import Path
 
 import torch
+from torch import fx
 from tqdm.auto import tqdm
 
 import poetlab
 from poetlab._io import write_json_atomic
 from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor, memory_allowance_bytes, retain_freed_memory
+from poetlab.execute import ScheduleExecutor, _bind, _outside_inputs, memory_allowance_bytes, retain_freed_memory
 from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
@@ -117,6 +128,108 @@ def _recomputed(schedule) -> list[int]:
     return out
 
 
+class HandReruns:
+    """A plain step that does a schedule's reruns by hand, without the executor: the reference that
+    separates the executor's own time from what recomputing costs a step by itself.
+
+    A rerun on a CPU costs more than its operations: it writes fresh tensors in the middle of the backward
+    pass and evicts from the caches what the next backward operations would have found there
+    (``bench_cache_disruption.py``). The executor's ``recompute_cpu_s`` times only the rerun itself, so
+    ``machinery_overhead_vs_plain`` counts that eviction as the executor's. Here the model runs as its fx
+    trace's generated code (a plain step's speed), which also returns the inputs of every node the
+    schedule recomputes; each rerun runs that node's fx nodes with grad enabled and its saved tensors
+    collected (as the executor's rerun does) from a pre-hook on the autograd node of the backward node the
+    schedule computes next, and its result is dropped. Reruns the schedule places in the forward pass run
+    before the backward pass. No storage is freed, paged, swapped or checked: what this costs beyond a
+    plain step is the reruns and their effect on the rest of the step."""
+
+    def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn):
+        self.module, self.loss_fn = module, loss_fn
+        gm = fx.symbolic_trace(module)
+        binding = _bind(graph, gm)
+        pending: list[int] = []
+        attach: dict[int, list[int]] = {}  # forward node whose output's autograd node runs the reruns -> reruns
+        computed: set[int] = set()
+        for op in schedule.ops:
+            if op.kind is not OpKind.COMPUTE:
+                continue
+            i, forward = op.node, binding.forward_of[op.node]
+            if forward is None and i in computed and i not in binding.inputs and i != binding.loss:
+                pending.append(i)
+            elif forward is not None and pending:
+                attach.setdefault(forward, []).extend(pending)
+                pending = []
+            computed.add(i)
+        early = attach.pop(binding.loss, []) + pending
+        reruns = {i for rs in attach.values() for i in rs} | set(early)
+        self.functions = {i: self._group_function(gm, binding.members[i]) for i in reruns}
+        needed = list(dict.fromkeys([d for i in reruns for d in _outside_inputs(binding.members[i]).values()] + [binding.members[f][-1] for f in attach]))
+        copied = fx.Graph()
+        mapping: dict[fx.Node, fx.Node] = {}
+        out = copied.graph_copy(gm.graph, mapping)
+        copied.output((out, tuple(mapping[n] for n in needed)))
+        self.gm = fx.GraphModule(gm, copied)
+        self.names = [n.name for n in needed]
+        self.deps = {i: [d.name for d in _outside_inputs(binding.members[i]).values()] for i in reruns}
+        self.attach = [(binding.members[f][-1].name, rs) for f, rs in attach.items()]
+        self.hook_only = {name for name, _ in self.attach} - {name for names in self.deps.values() for name in names}
+        # each input goes after the last rerun that reads it (as the schedule frees it after its last use)
+        self.readers: dict[str, int] = {}
+        for i in [i for _, nodes in self.attach for i in nodes] + early:
+            for name in self.deps[i]:
+                self.readers[name] = self.readers.get(name, 0) + 1
+        self.early = early
+        self.n_reruns = sum(len(rs) for rs in attach.values()) + len(early)
+        self.rerun_cpu_s, self.left = 0.0, dict(self.readers)
+
+    @staticmethod
+    def _group_function(gm: fx.GraphModule, members) -> object:
+        """A graph node's fx nodes as one generated function of the values they read from outside."""
+        sub = fx.Graph()
+        env = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(_outside_inputs(members).values())}
+        for m in members:
+            env[m] = sub.node_copy(m, lambda n: env[n])
+        sub.output(env[members[-1]])
+        return fx.GraphModule(gm, sub).forward
+
+    def _rerun(self, nodes: list[int], values: dict[str, object]) -> None:
+        start = time.thread_time()
+        for i in nodes:
+            saved: list[torch.Tensor] = []  # (kept here, not handed back to autograd: see the executor's rerun)
+            with torch.autograd.graph.saved_tensors_hooks(saved.append, lambda _: None), torch.enable_grad():
+                self.functions[i](*[v.detach() if isinstance(v, torch.Tensor) else v for v in (values[name] for name in self.deps[i])])
+            saved.clear()  # (the rerun's autograd nodes hold the hook, and with it this list: no cycle left)
+            for name in self.deps[i]:
+                self.left[name] -= 1
+                if not self.left[name]:
+                    del values[name]
+        self.rerun_cpu_s += time.thread_time() - start
+
+    def step(self, inputs, targets) -> tuple[float, float]:
+        """(thread CPU time of the step, of its reruns)."""
+        self.rerun_cpu_s, self.left = 0.0, dict(self.readers)
+        start = time.thread_time()
+        out, extra = self.gm(*inputs) if isinstance(inputs, (tuple, list)) else self.gm(inputs)
+        values = dict(zip(self.names, extra, strict=True))
+        del extra
+        loss = self.loss_fn(out, targets)
+        del out
+        for name, nodes in self.attach:
+            fn = values[name].grad_fn
+            if fn is None:
+                self._rerun(nodes, values)
+            else:
+                fn.register_prehook(lambda *_, nodes=nodes: self._rerun(nodes, values))
+        for name in self.hook_only:  # (the reruns' inputs stay, as the executor keeps them; the rest goes)
+            del values[name]
+        self._rerun(self.early, values)
+        try:
+            loss.backward()
+        finally:
+            values.clear()  # (the pre-hooks hold it, and it holds tensors whose autograd nodes hold them)
+        return time.thread_time() - start, self.rerun_cpu_s
+
+
 def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
     profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
     model = build_torch_model(name, batch_size)
@@ -148,6 +261,16 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         grads_equal = all(
             (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), scheduled.parameters(), strict=True)
         )
+        reference = HandReruns(copy.deepcopy(model.module), graph, schedule, model.loss_fn)
+        # a second copy of the plain model, made last: plain steps on it against those on the first show
+        # what the copies' places in memory alone do to a step (seen here: a few hundred microseconds
+        # either way on MobileNetV2 x2), the floor below which no difference here means anything
+        control = copy.deepcopy(model.module)
+        torch.set_rng_state(rng)
+        reference.step(model.inputs, model.targets)
+        reference_grads_equal = all(
+            (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), reference.module.parameters(), strict=True)
+        )
         prefetching = None
         if predicted.n_pageins:
             prefetching = ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
@@ -166,7 +289,17 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             stepped = ex.step(model.inputs, model.targets)
             return time.perf_counter() - start, stepped, _page_faults() - faults
 
-        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, repeats)
+        def control_step():
+            for p in control.parameters():
+                p.grad = None
+            return _plain(control, model.inputs, model.targets, model.loss_fn)[1]
+
+        def reference_step():
+            for p in reference.module.parameters():
+                p.grad = None
+            return reference.step(model.inputs, model.targets)
+
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand_reruns": reference_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, repeats)
         plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
         exec_s = [wall for wall, _, _ in timed["scheduled"]]
         exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
@@ -177,6 +310,9 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         exec_recompute_s = [stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
         predicted_recompute_s = sum(float(costs.runtime_s[i]) for i in _recomputed(schedule))
         prefetch_s = [wall for wall, _, _ in timed.get("prefetch", [])]
+        reference_cpu_s = [cpu for cpu, _ in timed["hand_reruns"]]
+        reference_rerun_s = [rerun for _, rerun in timed["hand_reruns"]]
+        exec_beyond_paging_s = [stepped.cpu_s - stepped.paging_cpu_s for _, stepped, _ in timed["scheduled"]]
         for p in scheduled.parameters():
             p.grad = None
         measured = executor.step(model.inputs, model.targets, measure_memory=True)
@@ -224,6 +360,17 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "schedule_extra_s": predicted.runtime_s - costs.plain_step_runtime_s,
             "machinery_overhead_vs_plain": statistics.median(exec_own_s) / statistics.median(plain_cpu_s) - 1,
             "overhead_beyond_predicted_vs_plain": (statistics.median(exec_runtime_s) - (predicted.runtime_s - costs.plain_step_runtime_s)) / statistics.median(plain_cpu_s) - 1,
+            # the reference: a plain step doing the same reruns by hand (HandReruns), no executor
+            "n_hand_reruns": reference.n_reruns,
+            "hand_reruns_grads_equal": reference_grads_equal,
+            "median_hand_reruns_cpu_s": statistics.median(reference_cpu_s),
+            "median_hand_rerun_cpu_s": statistics.median(reference_rerun_s),
+            # what the reruns cost the rest of a plain step (the caches they evict), over a plain step
+            "rerun_side_effect_vs_plain": statistics.median(c - r for c, r in zip(reference_cpu_s, reference_rerun_s, strict=True)) / statistics.median(plain_cpu_s) - 1,
+            # the executor's own time: its step (paging's CPU left out) less the hand-rerun step, over a plain step
+            "machinery_overhead_vs_hand_reruns": (statistics.median(exec_beyond_paging_s) - statistics.median(reference_cpu_s)) / statistics.median(plain_cpu_s),
+            "median_plain_control_cpu_s": statistics.median(timed["plain_control"]),
+            "plain_control_vs_plain": statistics.median(timed["plain_control"]) / statistics.median(plain_cpu_s) - 1,
             "median_recompute_cpu_s": statistics.median(exec_recompute_s),
             "predicted_recompute_s": predicted_recompute_s,
             "recompute_vs_prediction": statistics.median(exec_recompute_s) / predicted_recompute_s - 1 if predicted_recompute_s else None,
@@ -250,7 +397,9 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         rows.append(row)
         tqdm.write(
             f"   CPU {row['median_cpu_s'] * 1e3:.1f} ms vs plain {row['median_plain_cpu_s'] * 1e3:.1f} ms ({row['cpu_time_vs_plain']:+.1%}); "
-            f"runtime (CPU + paging wall) {row['median_runtime_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['runtime_vs_prediction']:+.1%})"
+            f"runtime (CPU + paging wall) {row['median_runtime_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['runtime_vs_prediction']:+.1%}); "
+            f"own time {row['machinery_overhead_vs_plain']:+.1%} of plain, {row['machinery_overhead_vs_hand_reruns']:+.1%} beyond {reference.n_reruns} hand reruns "
+            f"(whose side effect is {row['rerun_side_effect_vs_plain']:+.1%}); a second plain copy {row['plain_control_vs_plain']:+.1%}"
         )
         tqdm.write(
             f"{name} x{batch_size} @ {fraction:.2f}: {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
@@ -324,12 +473,17 @@ def main() -> None:
         "checkpoint_all_overhead_vs_plain_median": {_case(r, budget=False): float(r["time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
         "checkpoint_all_overhead_vs_plain_min": {_case(r, budget=False): float(r["min_time_vs_plain"]) for r in ok if r["budget_fraction"] >= 1.0},
         "machinery_overhead_vs_plain": {_case(r): float(r["machinery_overhead_vs_plain"]) for r in ok},
+        "machinery_overhead_vs_hand_reruns": {_case(r): float(r["machinery_overhead_vs_hand_reruns"]) for r in ok},
+        "rerun_side_effect_vs_plain": {_case(r): float(r["rerun_side_effect_vs_plain"]) for r in ok},
+        "all_hand_reruns_grads_equal": all(r["hand_reruns_grads_equal"] for r in ok),
+        "plain_control_vs_plain": {_case(r): float(r["plain_control_vs_plain"]) for r in ok},
         "overhead_beyond_predicted_vs_plain": {_case(r): float(r["overhead_beyond_predicted_vs_plain"]) for r in ok},
         "recompute_vs_prediction": {_case(r): float(r["recompute_vs_prediction"]) for r in ok if r["recompute_vs_prediction"] is not None},
         "runtime_within_10pct_of_prediction": all(abs(r["runtime_vs_prediction"]) <= 0.10 for r in ok),
         "runtime_vs_prediction_relative_to_plain": {_case(r): float(r["runtime_vs_prediction_relative_to_plain"]) for r in ok},
         "runtime_within_10pct_of_prediction_relative_to_plain": all(abs(r["runtime_vs_prediction_relative_to_plain"]) <= 0.10 for r in ok),
         "machinery_overhead_under_5pct": all(r["machinery_overhead_vs_plain"] < 0.05 for r in ok),
+        "machinery_overhead_vs_hand_reruns_under_5pct": all(r["machinery_overhead_vs_hand_reruns"] < 0.05 for r in ok),
         "time_vs_prediction": {_case(r): float(r["time_vs_prediction"]) for r in ok},
         "checkpoint_all_overhead_by_batch": {_case(r, budget=False): float(r["overhead_median"]) for r in sweep},
     }

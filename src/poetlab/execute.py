@@ -728,6 +728,11 @@ class _Run:
         self.constants.clear()
         self.records.clear()
         self.state.clear()
+        # The autograd nodes we hooked hold pre-hooks that hold this run, and so do the tensors autograd
+        # saved (their records): cycles through C++, which Python's collector cannot see. Drop our side
+        # of them, the loss too (a backward pass that failed midway leaves its graph behind).
+        self.seen_fns.clear()
+        self.loss = None
 
     # -- driving the schedule -------------------------------------------------------------------
     def go(self) -> list[torch.Tensor | None]:
@@ -1127,9 +1132,12 @@ class _Run:
             torch._foreach_copy_(backup, buffers)
         recorded: list[torch.Tensor] = []
 
-        def record_pack(t: torch.Tensor) -> torch.Tensor:
+        def record_pack(t: torch.Tensor) -> None:
+            # Only the tensor is wanted (its storage is what the rerun made); the rerun's graph is never run
+            # backward, so autograd keeps nothing. Handing ``t`` back would leak: a node that saves its own
+            # output (ReLU, BatchNorm's statistics) would hold it while it holds the node, a cycle through
+            # C++ that Python's collector cannot break, pinning the rerun's inputs' memory on every step.
             recorded.append(t)
-            return t
 
         rng_after = None
         if st.rng_state is not None:  # (what torch.random.fork_rng does on the CPU, without its overhead)
@@ -1137,7 +1145,7 @@ class _Run:
             torch.set_rng_state(st.rng_state)
         start = time.thread_time()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(record_pack, lambda t: t), torch.enable_grad():
+            with torch.autograd.graph.saved_tensors_hooks(record_pack, _never_unpacked), torch.enable_grad():
                 values, _ = self._run_group(i, detach=True)
         finally:
             self.recompute_cpu_s += time.thread_time() - start
@@ -1146,18 +1154,21 @@ class _Run:
         if buffers:
             with torch.no_grad():
                 torch._foreach_copy_(buffers, backup)
-        if len(recorded) != st.n_packs:
-            raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
-        for record in st.owned:
-            self._wait(record)
-            if record.materialized:
-                continue  # still held by a view that stayed in RAM
-            fresh = _tensors(values[record.source[1]])[record.source[2]] if record.source[0] == "value" else recorded[record.source[1]]
-            source = fresh.untyped_storage()
-            if source.nbytes() != record.nbytes:
-                raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {record.nbytes}")
-            record.storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
-        del values, recorded
+        try:
+            if len(recorded) != st.n_packs:
+                raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
+            for record in st.owned:
+                self._wait(record)
+                if record.materialized:
+                    continue  # still held by a view that stayed in RAM
+                fresh = _tensors(values[record.source[1]])[record.source[2]] if record.source[0] == "value" else recorded[record.source[1]]
+                source = fresh.untyped_storage()
+                if source.nbytes() != record.nbytes:
+                    raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {record.nbytes}")
+                record.storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
+        finally:
+            recorded.clear()  # (autograd's nodes of the rerun hold record_pack, and with it this list)
+            del values
         self._set_in_ram(i, True)
 
     # -- autograd's saved tensors ---------------------------------------------------------------
@@ -1181,6 +1192,10 @@ class _Run:
         if record is not None and self.state:
             self._ensure(record, "autograd")
         return saved.tensor
+
+
+def _never_unpacked(_: None) -> None:
+    raise ExecutionError("a recompute's autograd graph was run backward; the executor never does that")
 
 
 class _PendingRecord:
