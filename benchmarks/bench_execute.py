@@ -37,7 +37,7 @@ process-wide, so for plain steps too), and each step's minor page faults are rec
   timed beside it against predicted over the profiled plain step: the prediction's error with the drift
   taken out.
 
-A rerun also costs the rest of the step something no timer around it sees: it evicts from the caches
+A rerun may also cost the rest of the step something no timer around it sees: it evicts from the caches
 what the next backward operations would have found there. So each case also times ``HandReruns``, a
 plain step that does the schedule's reruns by hand at the same points, without the executor
 (``hand_reruns_grads_equal`` checks it is the same step): ``rerun_side_effect_vs_plain`` is its time
@@ -132,12 +132,14 @@ class HandReruns:
     """A plain step that does a schedule's reruns by hand, without the executor: the reference that
     separates the executor's own time from what recomputing costs a step by itself.
 
-    A rerun on a CPU costs more than its operations: it writes fresh tensors in the middle of the backward
-    pass and evicts from the caches what the next backward operations would have found there
-    (``bench_cache_disruption.py``). The executor's ``recompute_cpu_s`` times only the rerun itself, so
-    ``machinery_overhead_vs_plain`` counts that eviction as the executor's. Here the model runs as its fx
-    trace's generated code (a plain step's speed), which also returns the inputs of every node the
-    schedule recomputes; each rerun runs that node's fx nodes with grad enabled and its saved tensors
+    A rerun on a CPU may cost more than its operations: it writes fresh tensors in the middle of the
+    backward pass and evicts from the caches what the next backward operations would have found there
+    (``bench_cache_disruption.py`` bounds it from above). The executor's ``recompute_cpu_s`` times only the
+    rerun itself, so ``machinery_overhead_vs_plain`` counts such an effect as the executor's. (Measured
+    here: at most 2% of a plain step, so it is not where the executor's own time goes.)
+
+    Here the model runs as its fx trace's generated code (a plain step's speed), which also returns the
+    inputs of every node the schedule recomputes; each rerun runs that node's fx nodes with grad enabled and its saved tensors
     collected (as the executor's rerun does) from a pre-hook on the autograd node of the backward node the
     schedule computes next, and its result is dropped. Reruns the schedule places in the forward pass run
     before the backward pass. No storage is freed, paged, swapped or checked: what this costs beyond a

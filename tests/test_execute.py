@@ -422,7 +422,7 @@ def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
 @pytest.mark.parametrize("name, fuse", [("resnet", False), ("resnet", True), ("mobilenet", True)])
 def test_steps_that_recompute_leave_nothing_behind(name, fuse):
     """Two leaks once made every recompute schedule grow the process by megabytes a step (MobileNetV2
-    x0.35 at batch 16, half of checkpoint-all's peak: ~7 MiB of resident memory a step): the autograd
+    x0.35 at batch 16, a POET schedule at half of checkpoint-all's peak: ~5 MiB a step): the autograd
     nodes a step hooked held their pre-hooks, which held the step's state, and a rerun's saved tensors
     were kept by autograd's own nodes (a node that saves its output, ReLU, held it while it held the
     node). Both are cycles through C++ that Python's collector cannot break. Every output of every module
