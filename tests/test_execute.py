@@ -479,12 +479,11 @@ print(statistics.median(faults[6:]))  # (steps 7-24: the first steps grow the he
 def test_retained_memory_spares_a_recompute_schedule_its_page_faults():
     """glibc hands freed blocks of 128 KiB and more back to the kernel; a schedule that frees tensors
     mid-step (MobileNetV2 x0.35 at 128x128, greedy remat at half of checkpoint-all: 1.5 MB tensors) then
-    page-faults fresh pages in on every step: a median of 1,100-3,000 per step over steps 7-24 (six fresh
-    processes here). With retain_freed_memory() the blocks are reused: a median of 12-14. A step in three
-    or so still faults a few hundred pages with it: the heap goes on growing (``brk``, seen with strace)
-    for some steps while its free blocks settle into the step's pattern, so a median over 18 steps, not
-    over 6 (a CI run once measured 398 over steps 7-12), and a factor of 10 where 80 was the least seen.
-    (Run in fresh interpreters: the setting is process-wide.)"""
+    page-faults fresh pages in on every step: a median of 1,400-4,300 per step over steps 7-24 (four fresh
+    processes here). With retain_freed_memory() the blocks are reused: a median of 0, the odd step
+    faulting a few hundred pages as the heap settles. (Before the executor stopped leaking, the leak grew
+    the heap on most steps: medians of 12-100 here, 398 over steps 7-12 in one CI run; hence a median
+    over 18 steps and a factor of 10.) Run in fresh interpreters: the setting is process-wide."""
     env = {**os.environ, "PYTHONPATH": str(Path(poetlab.__file__).parents[1])}
     faults = {
         mode: float(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])

@@ -1230,7 +1230,7 @@ def retain_freed_memory() -> bool:
     plain step frees its activations only at the end and settles into reusing the same blocks; a schedule
     that frees a tensor mid-step and recomputes or pages it back in paid those page faults on every step
     (a fresh process running MobileNetV2 x0.35 at 128x128 under greedy remat at half of checkpoint-all's
-    memory: a median of 1,100-3,000 minor faults per step over steps 7-24, 12-14 with this;
+    memory: a median of 1,400-4,300 minor faults per step over steps 7-24, none with this;
     ``tests/test_execute.py``). How many depends on the process's past, since glibc raises its
     thresholds as large blocks are freed (the benchmark, after profiling, saw 3-13). With this the
     blocks stay in the heap whatever came before: what a device's fixed arena does. The allocator's
