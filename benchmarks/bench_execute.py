@@ -141,8 +141,8 @@ class HandReruns:
     Here the model runs as its fx trace's generated code (a plain step's speed), which also returns the
     inputs of every node the schedule recomputes; each rerun runs that node's fx nodes with grad enabled and its saved tensors
     collected (as the executor's rerun does) from a pre-hook on the autograd node of the backward node the
-    schedule computes next, and its result is dropped. Reruns the schedule places in the forward pass run
-    before the backward pass. No storage is freed, paged, swapped or checked: what this costs beyond a
+    schedule computes next, and its result is dropped. Reruns the schedule places in the forward pass (or
+    before a node whose output has no autograd node) run before the backward pass. No storage is freed, paged, swapped or checked: what this costs beyond a
     plain step is the reruns and their effect on the rest of the step."""
 
     def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn):
@@ -216,15 +216,16 @@ class HandReruns:
         del extra
         loss = self.loss_fn(out, targets)
         del out
-        for name, nodes in self.attach:
-            fn = values[name].grad_fn
-            if fn is None:
-                self._rerun(nodes, values)
-            else:
-                fn.register_prehook(lambda *_, nodes=nodes: self._rerun(nodes, values))
+        fns = [(getattr(values[name], "grad_fn", None), nodes) for name, nodes in self.attach]
         for name in self.hook_only:  # (the reruns' inputs stay, as the executor keeps them; the rest goes)
             del values[name]
-        self._rerun(self.early, values)
+        now = list(self.early)
+        for fn, nodes in fns:
+            if fn is None:  # (an output without an autograd node: nothing to hook, rerun before the backward)
+                now += nodes
+            else:
+                fn.register_prehook(lambda *_, nodes=nodes: self._rerun(nodes, values))
+        self._rerun(now, values)
         try:
             loss.backward()
         finally:
