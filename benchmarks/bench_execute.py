@@ -74,7 +74,7 @@ from tqdm.auto import tqdm
 import poetlab
 from poetlab._io import write_json_atomic
 from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor, _bind, _outside_inputs, memory_allowance_bytes, retain_freed_memory
+from poetlab.execute import ScheduleExecutor, _bind, _group_function, memory_allowance_bytes, retain_freed_memory
 from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
@@ -115,6 +115,14 @@ def _interleaved(runs: dict[str, object], repeats: int) -> dict[str, list]:
         for name in names[k % len(names):] + names[:k % len(names)]:
             samples[name].append(runs[name]())
     return samples
+
+
+def _same_grads(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether two copies of a model hold the same parameter gradients, bit for bit (None alike)."""
+    return all(
+        (x.grad is None) == (y.grad is None) and (x.grad is None or torch.equal(x.grad, y.grad))
+        for x, y in zip(a.parameters(), b.parameters(), strict=True)
+    )
 
 
 def _recomputed(schedule) -> list[int]:
@@ -164,15 +172,15 @@ class HandReruns:
             computed.add(i)
         early = attach.pop(binding.loss, []) + pending
         reruns = {i for rs in attach.values() for i in rs} | set(early)
-        self.functions = {i: self._group_function(gm, binding.members[i]) for i in reruns}
-        needed = list(dict.fromkeys([d for i in reruns for d in _outside_inputs(binding.members[i]).values()] + [binding.members[f][-1] for f in attach]))
+        self.functions = {i: _group_function(gm, binding.members[i], (binding.members[i][-1].name,)) for i in reruns}
+        needed = list(dict.fromkeys([d for i in reruns for d in self.functions[i].deps] + [binding.members[f][-1] for f in attach]))
         copied = fx.Graph()
         mapping: dict[fx.Node, fx.Node] = {}
         out = copied.graph_copy(gm.graph, mapping)
         copied.output((out, tuple(mapping[n] for n in needed)))
         self.gm = fx.GraphModule(gm, copied)
         self.names = [n.name for n in needed]
-        self.deps = {i: [d.name for d in _outside_inputs(binding.members[i]).values()] for i in reruns}
+        self.deps = {i: [d.name for d in self.functions[i].deps] for i in reruns}
         self.attach = [(binding.members[f][-1].name, rs) for f, rs in attach.items()]
         self.hook_only = {name for name, _ in self.attach} - {name for names in self.deps.values() for name in names}
         # each input goes after the last rerun that reads it (as the schedule frees it after its last use)
@@ -184,22 +192,12 @@ class HandReruns:
         self.n_reruns = sum(len(rs) for rs in attach.values()) + len(early)
         self.rerun_cpu_s, self.left = 0.0, dict(self.readers)
 
-    @staticmethod
-    def _group_function(gm: fx.GraphModule, members) -> object:
-        """A graph node's fx nodes as one generated function of the values they read from outside."""
-        sub = fx.Graph()
-        env = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(_outside_inputs(members).values())}
-        for m in members:
-            env[m] = sub.node_copy(m, lambda n: env[n])
-        sub.output(env[members[-1]])
-        return fx.GraphModule(gm, sub).forward
-
     def _rerun(self, nodes: list[int], values: dict[str, object]) -> None:
         start = time.thread_time()
         for i in nodes:
             saved: list[torch.Tensor] = []  # (kept here, not handed back to autograd: see the executor's rerun)
             with torch.autograd.graph.saved_tensors_hooks(saved.append, lambda _: None), torch.enable_grad():
-                self.functions[i](*[v.detach() if isinstance(v, torch.Tensor) else v for v in (values[name] for name in self.deps[i])])
+                self.functions[i].run(*[v.detach() if isinstance(v, torch.Tensor) else v for v in (values[name] for name in self.deps[i])])
             saved.clear()  # (the rerun's autograd nodes hold the hook, and with it this list: no cycle left)
             for name in self.deps[i]:
                 self.left[name] -= 1
@@ -261,9 +259,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         _plain(plain, model.inputs, model.targets, model.loss_fn)
         torch.set_rng_state(rng)
         first = executor.step(model.inputs, model.targets)
-        grads_equal = all(
-            (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), scheduled.parameters(), strict=True)
-        )
+        grads_equal = _same_grads(plain, scheduled)
         reference = HandReruns(copy.deepcopy(model.module), graph, schedule, model.loss_fn)
         # a second copy of the plain model, made last: plain steps on it against those on the first show
         # what the copies' places in memory alone do to a step (seen here: a few hundred microseconds
@@ -271,9 +267,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         control = copy.deepcopy(model.module)
         torch.set_rng_state(rng)
         reference.step(model.inputs, model.targets)
-        reference_grads_equal = all(
-            (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad) for a, b in zip(plain.parameters(), reference.module.parameters(), strict=True)
-        )
+        reference_grads_equal = _same_grads(plain, reference.module)
         prefetching = None
         if predicted.n_pageins:
             prefetching = ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)

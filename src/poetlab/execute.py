@@ -252,6 +252,12 @@ def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: t
     interpreted) or one without fx nodes (backward nodes)."""
     if len(members) < 2 or any(m.op not in _PLAIN_FX_OPS for m in members):
         return None
+    return _group_function(gm, members, external)
+
+
+def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str]) -> _CompiledGroup:
+    """``members`` as one generated function of the fx nodes they read from outside, returning the values
+    of ``external`` (whatever the group's size: :func:`_compile_group` decides when it is worth it)."""
     deps = _outside_inputs(members)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
@@ -1246,7 +1252,6 @@ def retain_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _RETAINED_MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _RETAINED_TRIM_THRESHOLD))
-
 
 
 def memory_allowance_bytes(module: nn.Module, graph: TrainingGraph) -> int:
