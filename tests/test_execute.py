@@ -407,7 +407,8 @@ def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
     forward = [op.node for op in full.ops if op.kind is OpKind.COMPUTE and not graph.nodes[op.node].is_backward]
     (segment,) = executor._segments.values()
     assert [i for i, what in segment.events if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
-    assert executor._tail[0] < len(full.ops)
+    first_backward = next(p for p, op in enumerate(full.ops) if op.kind is OpKind.COMPUTE and graph.nodes[op.node].is_backward)
+    assert executor._bookkeeping_end[first_backward] == len(full.ops)
     result = _check_step(name, fuse, full, graph, costs, module, inputs, targets)
     assert result.n_computes == len([op for op in full.ops if op.kind is OpKind.COMPUTE])
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))

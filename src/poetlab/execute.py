@@ -317,20 +317,31 @@ def _bookkeeping(ex: "ScheduleExecutor", ops: Sequence[Op]) -> tuple[tuple[int, 
     return tuple(events)
 
 
-def _tail(ex: "ScheduleExecutor") -> tuple[int, tuple[tuple[int, int], ...]]:
-    """(position, events): the last run of the schedule, after the backward pass has begun, made of
-    bookkeeping only (:func:`_bookkeeping`); after ``loss.backward()`` the ops from there on are
-    replayed at once."""
+def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
+    """(events, ends): for each position of the schedule from the backward pass's first compute on, its
+    operation as an event of :meth:`_Run._replay` when it is bookkeeping only (:func:`_bookkeeping`: a
+    gradient autograd computes, once; a free of a gradient, of the batch, or of an unmanaged node the
+    forward pass computed), and the end of the run of such operations that starts there (the position
+    itself when it needs work). The backward pass, driven from autograd's pre-hooks, replays each run at
+    once rather than operation by operation: checkpoint-all's whole backward pass is one run, done after
+    ``loss.backward()``."""
     ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
-    start = len(ops)
-    while start > 0:
-        op = ops[start - 1]
-        if op.kind is OpKind.COMPUTE and (binding.forward_of[op.node] is None or n_computes[op.node] > 1):
-            break
-        if _bookkeeping(ex, [op]) is None:
-            break
-        start -= 1
-    return start, _bookkeeping(ex, ops[start:]) or ()
+    start = next((p for p, op in enumerate(ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(ops))
+    forward_computed = {op.node for op in ops[:start] if op.kind is OpKind.COMPUTE}
+    events: list[tuple[int, int] | None] = [None] * len(ops)
+    for position in range(start, len(ops)):
+        op = ops[position]
+        if op.kind is OpKind.COMPUTE:
+            bookkeeping = binding.forward_of[op.node] is not None and n_computes[op.node] == 1
+        else:  # (a free of an unmanaged node computed in the backward pass drops its values: _do)
+            bookkeeping = op.kind is OpKind.FREE and (binding.forward_of[op.node] is not None or op.node in forward_computed)
+        if bookkeeping and (event := _bookkeeping(ex, [op])) is not None:
+            events[position] = event[0]
+    ends = list(range(len(ops) + 1))
+    for position in range(len(ops) - 1, start - 1, -1):
+        if events[position] is not None:
+            ends[position] = ends[position + 1]
+    return tuple(events), tuple(ends)
 
 
 def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
@@ -589,7 +600,8 @@ class ScheduleExecutor:
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
         self._segments = _segments(self)
-        self._tail = _tail(self)
+        self._events, self._bookkeeping_end = _backward_runs(self)
+        self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: list[torch.Tensor] | None = None
@@ -768,13 +780,7 @@ class _Run:
         self.loss.backward()
         grads = [p.grad for p in self.ex.params]
         self.loss = None
-        tail, events = self.ex._tail
-        if self.cursor >= tail:  # (the backward pass needed no work of ours from here on)
-            self._replay(events[self.cursor - tail:])
-            self.cursor = len(ops)
-        while self.cursor < len(ops):
-            self._do(ops[self.cursor])
-            self.cursor += 1
+        self._advance(len(ops))
         if self.ex.prefetch:
             for record in self.records.values():
                 self._wait(record)
@@ -785,14 +791,23 @@ class _Run:
         including ``j``'s compute (nothing if it is done already)."""
         if self.state[j].computed:
             return
-        ops = self.ex.schedule.ops
-        while self.cursor < len(ops):
-            op = ops[self.cursor]
-            self.cursor += 1
-            self._do(op)
-            if op.kind is OpKind.COMPUTE and op.node == j:
-                return
-        raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
+        position = self.ex._computed_at.get(j, -1)
+        if position < self.cursor:
+            raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
+        self._advance(position + 1)
+
+    def _advance(self, stop: int) -> None:
+        """Perform the schedule's operations up to position ``stop`` (exclusive): runs of bookkeeping at
+        once (:func:`_backward_runs`), the others one by one."""
+        ops, events, ends = self.ex.schedule.ops, self.ex._events, self.ex._bookkeeping_end
+        while self.cursor < stop:
+            end = min(ends[self.cursor], stop)
+            if end > self.cursor:
+                self._replay(events[self.cursor:end])
+                self.cursor = end
+            else:
+                self._do(ops[self.cursor])
+                self.cursor += 1
 
     def _do(self, op: Op) -> None:
         i = op.node
