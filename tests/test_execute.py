@@ -395,11 +395,12 @@ def test_recompute_before_a_group_without_its_own_autograd_node():
 
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("resnet", False)])
-def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
+def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     """Checkpoint-all changes nothing PyTorch would not do: its whole forward pass between the batch and
     the loss is one segment (one generated function), its backward pass one replay of bookkeeping, and
-    the step is plain autograd's. A remat schedule's forward pass splits into segments around the nodes
-    it manages; the step is still autograd's, with every operation counted."""
+    the step is plain autograd's. A remat schedule's segments also run the first computes of the nodes it
+    manages (and of their readers, under the saved-tensor hooks) and call into the step for its frees;
+    the step is still autograd's, with every operation counted."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
     loss_fn = nn.CrossEntropyLoss()
     full = checkpoint_all_schedule(graph)
@@ -414,8 +415,8 @@ def test_unmanaged_runs_of_the_forward_pass_run_as_one_function(name, fuse):
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, remat, loss_fn)
     assert len(executor._segments) >= 1 and executor._managed
-    in_segments = {i for s in executor._segments.values() for i, what in s.events if what == _COMPUTE}
-    assert not in_segments & executor._packed
+    covered = {p for s in executor._segments.values() for p in range(s.start, s.end)}
+    assert {executor._computed_at[i] for i in executor._packed} <= covered
     result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
     assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])
 

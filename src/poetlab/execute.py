@@ -271,23 +271,32 @@ def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Se
 
 @dataclass(frozen=True)
 class _Segment:
-    """A run of the forward pass's schedule operations, ``start`` up to ``end`` (exclusive), that touches
-    only unmanaged nodes: first computes of nodes without saved-tensor hooks, and frees of unmanaged
-    nodes. What plain PyTorch would do for them is what the executor does, so their fx nodes run as one
-    generated function, in the schedule's order, and the executor's per-node work (one Python call per
-    operation, per fx node and per dependency) happens once for the whole run.
+    """A run of the forward pass's schedule operations, ``start`` up to ``end`` (exclusive), carried out by
+    one generated function: the first computes' fx nodes, in the schedule's order, and between them calls
+    into the step for the operations that need its work. The executor's per-node work (one Python call
+    per operation, per fx node and per dependency) then happens once for the whole run:
+
+    - a compute of a node without saved-tensor hooks is its fx nodes, and nothing else (its bookkeeping
+      is an event); a *packed* node's fx nodes run between ``run._begin`` and ``run._finish_in_segment``,
+      which switch the hooks on and record what the node owns, as :meth:`_Run._first_compute` does;
+    - frees of unmanaged nodes are events; frees of managed or kept nodes, page-outs and compressions are
+      ``run._do_at(position)``; the events since the last call are replayed (``run._replay``) before each
+      call, so that the planned bytes are counted in the schedule's order;
+    - unmanaged nodes whose storages a packed node of the segment may save or view are made known by key
+      (``run._track``) as soon as they have run; autograd pre-hooks that drive the backward pass are
+      registered right after the nodes they hook (``run._hook_backward``).
 
     ``run(env, run)`` pops the values of ``deps`` from the list ``env`` (last first) and returns those of
-    ``outputs``: the fx nodes read after the segment. The generated code drops every other value after its
-    last use, as the model's own forward would; a dependency the segment frees is handed over (dropped
-    from the step's values before the call), so that it too goes at its last use. Autograd pre-hooks that
-    drive the backward pass are registered from inside the code (``run._hook_backward``) right after the
-    nodes they hook. ``events`` replays the operations' bookkeeping afterwards (:func:`_bookkeeping`)."""
+    ``outputs``: the fx nodes the step reads after the segment (the model's later nodes, or a recompute:
+    managed and kept nodes). The generated code drops every other value after its last use, as the
+    model's own forward would; a node the segment frees without computing it is handed over (dropped from
+    the step's values before the call), so that it too goes at its last use. ``events`` replays the
+    bookkeeping after the last call (:func:`_bookkeeping`)."""
 
     start: int
     end: int
     deps: tuple[fx.Node, ...]
-    freed_deps: tuple[int, ...]
+    freed_before: tuple[int, ...]
     outputs: tuple[str, ...]
     escaping: tuple[tuple[int, tuple[str, ...]], ...]  # (node, its fx names in outputs), for storage keys
     events: tuple[tuple[int, int], ...]
@@ -344,74 +353,117 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
     return tuple(events), tuple(ends)
 
 
+#: what a segment does by calling into the step (:meth:`_Run._do`): none of it takes a node out of RAM
+#: but a free, after which the segment's code reads the node no more
+_SEGMENT_CALLS = frozenset({OpKind.FREE, OpKind.PAGE_OUT, OpKind.COMPRESS, OpKind.FREE_COMPRESSED})
+
+
 def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
-    """The forward pass's runs of unmanaged operations (:class:`_Segment`) of two computes or more, by
-    their first position in the schedule."""
-    ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
+    """The forward pass's runs of two first computes or more (:class:`_Segment`), by their first position
+    in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
+    batch's or the loss's compute) and before a compute that reads a node the run has freed: that
+    compute starts the next run, whose dependencies are looked up (and checked) by the step."""
+    ops, binding, n_computes, nodes = ex.schedule.ops, ex.binding, ex._n_computes, ex.graph.nodes
 
     def forward(i: int) -> bool:
         return binding.forward_of[i] is None and i not in binding.inputs and i != binding.loss
 
-    def eligible(op: Op) -> bool:
+    def computable(position: int, op: Op) -> bool:  # (a first compute: recomputes are the step's)
         i = op.node
-        if op.kind is OpKind.FREE:
-            return forward(i) and i not in ex._managed and i not in ex._kept
-        return (
-            op.kind is OpKind.COMPUTE and forward(i) and i not in ex._packed and n_computes[i] == 1
-            and all(m.op in _PLAIN_FX_OPS for m in binding.members[i])
-        )
+        return op.kind is OpKind.COMPUTE and forward(i) and ex._computed_at[i] == position and all(m.op in _PLAIN_FX_OPS for m in binding.members[i])
 
     runs: list[tuple[int, int]] = []
-    start = None
+    start, freed = None, set()
     for position, op in enumerate(ops):
         if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None:
             break  # the backward pass: autograd's engine
-        if eligible(op):
+        if computable(position, op):
+            if start is not None and freed & set(nodes[op.node].inputs):
+                runs.append((start, position))
+                start, freed = None, set()
             start = position if start is None else start
+            continue
+        if (op.kind is OpKind.FREE and op.node in binding.inputs) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
+            start = position if start is None else start
+            if op.kind is OpKind.FREE:
+                freed.add(op.node)
             continue
         if start is not None:
             runs.append((start, position))
-        start = None
+        start, freed = None, set()
     else:
         position = len(ops)
     if start is not None:
         runs.append((start, position))
     segments = {}
     for start, end in runs:
-        computed = [op.node for op in ops[start:end] if op.kind is OpKind.COMPUTE]
-        if len(computed) < 2:
-            continue
-        segments[start] = _compile_segment(ex, start, end, computed)
+        if sum(op.kind is OpKind.COMPUTE for op in ops[start:end]) >= 2:
+            segments[start] = _compile_segment(ex, start, end)
     return segments
 
 
-def _compile_segment(ex: "ScheduleExecutor", start: int, end: int, computed: list[int]) -> _Segment:
-    """The :class:`_Segment` of operations ``start:end``, which compute the forward nodes ``computed``."""
-    binding = ex.binding
+def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
+    """The :class:`_Segment` of operations ``start:end``."""
+    binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed
+    ops = ex.schedule.ops[start:end]
+    computed = [op.node for op in ops if op.kind is OpKind.COMPUTE]
+    freed = {op.node for op in ops if op.kind is OpKind.FREE}
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
     deps = _outside_inputs(members)
-    outputs = [m.name for m in members if any(u.name not in inside for u in m.users)]
+    # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to forget them)
+    tracked = {k for i in computed if i in packed for k in nodes[i].inputs} & set(computed) - packed
+    keep = {i for i in computed if i in ex._managed or (i not in freed and i in ex._kept)}
+    outputs = [
+        m.name for i in computed for m in binding.members[i]
+        if m.name in ex._external[i] and (i in keep or (i not in freed and any(u.name not in inside for u in m.users)))
+    ]
     sub = fx.Graph()
     env_list, run = sub.placeholder("env"), sub.placeholder("run")
     env: dict[fx.Node, fx.Node] = {d: sub.call_method("pop", (env_list,)) for d in reversed(deps.values())}
-    for i in computed:
+    events: list[tuple[int, int]] = []
+
+    def call(method: str, *args: object) -> None:
+        if events:
+            sub.call_method("_replay", (run, tuple(events)))
+            events.clear()
+        sub.call_method(method, (run, *args))
+
+    for position, op in enumerate(ops, start):
+        i = op.node
+        if op.kind is not OpKind.COMPUTE:
+            event = _bookkeeping(ex, [op]) if op.kind is OpKind.FREE and (i not in computed or i not in packed | tracked) else None
+            if event is None:
+                call("_do_at", position)
+            else:
+                events.extend(event)
+            continue
+        if i in packed:
+            call("_begin", i, True)
         for m in binding.members[i]:
             env[m] = sub.node_copy(m, lambda n: env[n])
+        external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
+        if i in packed:
+            sub.call_method("_finish_in_segment", (run, i, external))
+            continue
+        events.append((i, _COMPUTE))
+        if i in tracked:
+            sub.call_method("_track", (run, i, external))
         if binding.backward_of_forward.get(i) in ex._hooked:
-            sub.call_method("_hook_backward", (run, i, [env[m] for m in binding.members[i] if m.name in ex._external[i]]))
+            sub.call_method("_hook_backward", (run, i, external))
     sub.output(tuple(env[m] for m in members if m.name in outputs))
     module = fx.GraphModule(ex.gm, sub)
-    freed = {op.node for op in ex.schedule.ops[start:end] if op.kind is OpKind.FREE}
-    group_of = ex._group_of
     return _Segment(
         start=start,
         end=end,
         deps=tuple(deps.values()),
-        freed_deps=tuple(sorted({group_of[d.name] for d in deps.values() if d.name in group_of} & freed - set(computed))),
-        outputs=tuple(m.name for m in members if m.name in outputs),
-        escaping=tuple((i, names) for i in computed if (names := tuple(m.name for m in binding.members[i] if m.name in outputs))),
-        events=_bookkeeping(ex, ex.schedule.ops[start:end]),
+        freed_before=tuple(sorted(freed - set(computed) - ex._managed - binding.inputs)),
+        outputs=tuple(outputs),
+        escaping=tuple(
+            (i, names) for i in computed
+            if i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
+        ),
+        events=tuple(events),
         run=module.forward,
     )
 
@@ -599,9 +651,10 @@ class ScheduleExecutor:
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
+        # where each node is first computed
+        self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
         self._segments = _segments(self)
         self._events, self._bookkeeping_end = _backward_runs(self)
-        self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: list[torch.Tensor] | None = None
@@ -720,6 +773,8 @@ class _Run:
         self.current: int | None = None
         self.current_packs = 0
         self.pending_own: list[tuple[int, torch.Tensor]] = []
+        self.rng_before: torch.Tensor | None = None
+        self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
@@ -740,6 +795,7 @@ class _Run:
         return self._constant_keys
 
     def close(self) -> None:
+        self._end_hooks()  # (a step that failed while a packed node ran in a segment)
         if self.store is not None:
             self.store.close()
         self.values.clear()
@@ -772,9 +828,9 @@ class _Run:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
         # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
         # autograd saved of them, it keeps; the rest goes now, as it would in a plain step
-        for i, st in enumerate(self.state):
-            if st.computed and i not in self.ex._managed and i not in self.ex._kept and i not in self.ex.binding.inputs:
-                self._drop_values(i)
+        holding = {self.ex._group_of[name] for name in self.values} | set(self.unmanaged_keys.values())
+        for i in holding - self.ex._managed - self.ex._kept - self.ex.binding.inputs:
+            self._drop_values(i)
         # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
         self.ex._set_aside_grads()
         self.loss.backward()
@@ -854,10 +910,10 @@ class _Run:
             self.n_pageins += 1
 
     def _run_segment(self, segment: _Segment) -> None:
-        """Run a :class:`_Segment`'s computes as one function, then do its operations' bookkeeping."""
-        reader = self.ex.graph.nodes[segment.events[0][0]].name
+        """Run a :class:`_Segment`'s code, then the bookkeeping after its last call."""
+        reader = self.ex.graph.nodes[self.ex.schedule.ops[segment.start].node].name
         env = [self._resolve(d, {}, False, reader) for d in segment.deps]
-        for i in segment.freed_deps:  # handed over: the generated code drops them at their last use
+        for i in segment.freed_before:  # handed over: the generated code drops them at their last use
             self._drop_values(i)
         with torch.enable_grad():
             results = segment.run(env, self)
@@ -867,6 +923,12 @@ class _Run:
         for i, names in segment.escaping:  # (only values read later can be seen again: by storage key)
             self._track_values(i, [_key(t.untyped_storage()) for name in names for t in _tensors(values[name])])
         self._replay(segment.events)
+
+    def _do_at(self, position: int) -> None:
+        self._do(self.ex.schedule.ops[position])
+
+    def _track(self, i: int, external: Sequence[object]) -> None:
+        self._track_values(i, [_key(t.untyped_storage()) for value in external for t in _tensors(value)])
 
     def _replay(self, events: Sequence[tuple[int, int]]) -> None:
         """What :meth:`_do` does for computes done elsewhere and frees that need no work (the events
@@ -1055,24 +1117,13 @@ class _Run:
         return {name: local[name] for name in self.ex._external[i]}, out
 
     def _first_compute(self, i: int) -> None:
-        st = self.state[i]
-        draws = self.ex.draws_rng.get(i)  # unknown on the first step: find out
-        rng_before = torch.get_rng_state() if draws is not False else None
-        self.current, self.current_packs, self.pending_own = i, 0, []
+        self._begin(i, i in self.ex._packed)
         try:
-            if i in self.ex._packed:
-                with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack), torch.enable_grad():
-                    values, out = self._run_group(i, detach=False)
-            else:
-                with torch.enable_grad():
-                    values, out = self._run_group(i, detach=False)
-        finally:
-            self.current = None
-        st.n_packs = self.current_packs
-        if draws is None:
-            draws = self.ex.draws_rng[i] = not torch.equal(rng_before, torch.get_rng_state())
-        if draws:
-            st.rng_state = rng_before  # the node draws random numbers (dropout): replay them on a rerun
+            with torch.enable_grad():
+                values, out = self._run_group(i, detach=False)
+        except BaseException:
+            self._end_hooks()
+            raise
         self.values.update(values)
         if i == self.ex.binding.loss:
             self.loss = out
@@ -1081,11 +1132,42 @@ class _Run:
             self.batch_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
             if self._constant_keys is not None:
                 self._constant_keys |= self.batch_keys
-        # what it owns: its values' new storages, then those autograd saved that nobody else made
+        self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
+
+    def _begin(self, i: int, packed: bool) -> None:
+        """Forward node ``i`` is about to run for the first time: keep the RNG state before it (while it
+        is not known whether the node draws random numbers) and, for a packed node, switch autograd's
+        saved-tensor hooks on (:meth:`_finish` switches them off)."""
+        self.rng_before = torch.get_rng_state() if self.ex.draws_rng.get(i) is not False else None
+        self.current, self.current_packs, self.pending_own = i, 0, []
+        if packed:
+            self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self.hooks.__enter__()
+
+    def _end_hooks(self) -> None:
+        hooks, self.hooks, self.current = self.hooks, None, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    def _finish_in_segment(self, i: int, external: Sequence[object]) -> None:
+        self.n_computes += 1
+        self._finish(i, dict(zip(self.ex._external[i], external, strict=True)), list(external))
+
+    def _finish(self, i: int, values: dict[str, object], hooked: object) -> None:
+        """Forward node ``i`` has run (values: its external fx nodes'): hooks off, then record the
+        storages it owns (its values' new storages and those autograd saved that nobody else made), count
+        it in RAM and hook its backward node (on ``hooked``, its outputs) where the schedule needs it."""
+        self._end_hooks()
+        st = self.state[i]
+        st.n_packs = self.current_packs
+        draws = self.ex.draws_rng.get(i)
+        if draws is None:
+            draws = self.ex.draws_rng[i] = not torch.equal(self.rng_before, torch.get_rng_state())
+        if draws:
+            st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
         candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
-        managed = i in self.ex._managed
         keys = [_key(t.untyped_storage()) for t, _ in candidates]
-        if not managed and not any(key in self.records for key in keys):
+        if i not in self.ex._managed and not any(key in self.records for key in keys):
             # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
             self._track_values(i, keys)
             self.pending_own = []
@@ -1114,7 +1196,7 @@ class _Run:
         st.computed = True
         self._set_in_ram(i, True)
         if self.ex.binding.backward_of_forward.get(i) in self.ex._hooked:
-            self._hook_backward(i, out if i == self.ex.binding.loss else list(values.values()))
+            self._hook_backward(i, hooked)
 
     def _adopt(self, producer: int, storage: torch.UntypedStorage) -> _Storage:
         """A managed node's output shares unmanaged ``producer``'s memory (a view, an identity): the
