@@ -23,6 +23,7 @@ import platform
 import subprocess
 import sys
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,24 +79,32 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
 
 
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
-    """Run ``schedule`` and a plain step from the same state; assert equality; return the result."""
+    """Run ``schedule`` and plain steps from the same state, twice with one executor (the second step runs
+    with the pre-hooks the first showed to be needed: ScheduleExecutor._learn_hooks); assert equality after
+    each; return the second step's result."""
     loss_fn = nn.CrossEntropyLoss()
-    rng = torch.get_rng_state()
-    reference = copy.deepcopy(module)
-    plain_loss = loss_fn(reference(inputs), targets)
-    plain_loss.backward()
-    rng_after = torch.get_rng_state()
-    torch.set_rng_state(rng)
-    scheduled = copy.deepcopy(module)
-    result = execute(scheduled, schedule, (inputs, targets), graph=graph, loss_fn=loss_fn, costs=costs, **options)
-    assert torch.equal(torch.get_rng_state(), rng_after)  # recomputes replay random numbers, never draw new ones
-    assert result.loss == float(plain_loss.detach())
-    for (pname, _), a, b in zip(reference.named_parameters(), _grads(reference), _grads(scheduled), strict=True):
-        assert (a is None) == (b is None), pname
-        assert a is None or torch.equal(a, b), f"{name}: gradient of {pname} differs"
-    for a, b in zip(reference.buffers(), scheduled.buffers(), strict=True):
-        assert torch.equal(a, b)
-    predicted = result.predicted
+    reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+    executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)
+    predicted = simulate(schedule, graph, costs)
+    for step in range(2):
+        rng = torch.get_rng_state()
+        plain_loss = loss_fn(reference(inputs), targets)
+        plain_loss.backward()  # (gradients accumulate over the two steps, on both sides)
+        rng_after = torch.get_rng_state()
+        torch.set_rng_state(rng)
+        result = executor.step(inputs, targets, measure_memory=True)
+        assert torch.equal(torch.get_rng_state(), rng_after)  # recomputes replay random numbers, never draw new ones
+        assert result.loss == float(plain_loss.detach())
+        for (pname, _), a, b in zip(reference.named_parameters(), _grads(reference), _grads(scheduled), strict=True):
+            assert (a is None) == (b is None), pname
+            assert a is None or torch.equal(a, b), f"{name}, step {step + 1}: gradient of {pname} differs"
+        for a, b in zip(reference.buffers(), scheduled.buffers(), strict=True):
+            assert torch.equal(a, b)
+        _check_counts(schedule, graph, module, result, predicted)
+    return replace(result, predicted=predicted)
+
+
+def _check_counts(schedule, graph, module, result, predicted):
     assert result.n_unplanned == 0
     # every planned operation on a tensor of the step was carried out: no planner may page or recompute a
     # gradient of a traced graph (TrainingGraph.pinned); the caller's batch stays the caller's (its frees
@@ -112,7 +121,6 @@ def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **o
     assert result.peak_bytes <= predicted.peak_ram_bytes + allowance, (result.peak_bytes, predicted.peak_ram_bytes, allowance)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     assert result.peak_bytes < result.total_peak_bytes <= result.peak_bytes + param_bytes
-    return result
 
 
 def _full(graph, costs) -> int:
@@ -370,7 +378,8 @@ def test_idle_compression_of_a_resnet_schedule_runs_with_autograds_gradients():
 def test_recompute_before_a_group_without_its_own_autograd_node():
     """An identity shortcut has no autograd node of its own: its backward pre-hook lands on the node of
     the tensor it passes on and fires late. A recompute the schedule places just before that group's
-    backward must still be done before autograd's next read (every later backward node is hooked)."""
+    backward must still be done before autograd's next read: every later backward node is hooked on the
+    first step, and from the second on those whose pre-hook then had work to do."""
     module, inputs, targets, graph, costs = _traced("resnet", True)
     index = {node.name: i for i, node in enumerate(graph.nodes)}
     # block 0's output: read by block 1's forward and by grad:blocks_1_conv1 (its conv's saved input).
@@ -391,7 +400,9 @@ def test_recompute_before_a_group_without_its_own_autograd_node():
     assert predicted.n_recomputes == 2
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
     assert {late, index["grad:blocks_1_conv1"]} <= executor._hooked
-    _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)
+    executor.step(inputs, targets)  # (after it, pre-hooks only where the first step's had work: fewer)
+    assert executor._hook_at and executor._hook_at < executor._hooked
+    _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)  # (two steps: learnt hooks)
 
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("resnet", False)])

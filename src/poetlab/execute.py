@@ -449,7 +449,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         events.append((i, _COMPUTE))
         if i in tracked:
             sub.call_method("_track", (run, i, external))
-        if binding.backward_of_forward.get(i) in ex._hooked:
+        if binding.backward_of_forward.get(i) in ex._hook_at:
             sub.call_method("_hook_backward", (run, i, external))
     sub.output(tuple(env[m] for m in members if m.name in outputs))
     module = fx.GraphModule(ex.gm, sub)
@@ -648,6 +648,9 @@ class ScheduleExecutor:
             if op.kind is OpKind.COMPUTE:
                 self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
+        # the backward nodes whose autograd nodes get a pre-hook: all of _hooked until a step has shown
+        # which of them have work to do (_learn_hooks)
+        self._hook_at, self._learnt = self._hooked, False
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
@@ -692,6 +695,20 @@ class ScheduleExecutor:
                         old.add_(new)
                     p.grad = old
 
+    def _learn_hooks(self, worked: set[int]) -> None:
+        """After the first step that succeeded, pre-hooks go only on the backward nodes whose pre-hook
+        had work to do in it (``worked``: a recompute, a page-in, a free of a managed node before them;
+        not only bookkeeping). The others only advanced the schedule through bookkeeping, which the next
+        pre-hook (or the end of the backward pass) replays as well, in the same order: the planned bytes
+        are counted alike. Autograd runs the same graph in the same order every step, so the pre-hooks
+        left fire at the same moments, with the same work; every pre-hook is a Python call registered in
+        the forward pass and made in the backward pass (tens of microseconds each on a busy cache), and a
+        schedule that recomputes early in the backward pass hooked every backward node after that."""
+        self._learnt = True
+        if frozenset(worked) != self._hook_at:
+            self._hook_at = frozenset(worked)
+            self._segments = _segments(self)  # (their code registers pre-hooks)
+
     # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
         """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would."""
@@ -727,6 +744,8 @@ class ScheduleExecutor:
         finally:
             run.close()
         self._restore_grads(add=True)
+        if not self._learnt:
+            self._learn_hooks(run.worked)
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
@@ -776,6 +795,7 @@ class _Run:
         self.rng_before: torch.Tensor | None = None
         self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
+        self.worked: set[int] = set()  # backward nodes whose pre-hook had work to do (_learn_hooks)
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
         self.planned = 0
@@ -850,20 +870,25 @@ class _Run:
         position = self.ex._computed_at.get(j, -1)
         if position < self.cursor:
             raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
-        self._advance(position + 1)
+        if self._advance(position + 1):
+            self.worked.add(j)
 
-    def _advance(self, stop: int) -> None:
+    def _advance(self, stop: int) -> bool:
         """Perform the schedule's operations up to position ``stop`` (exclusive): runs of bookkeeping at
-        once (:func:`_backward_runs`), the others one by one."""
+        once (:func:`_backward_runs`), the others one by one. Whether any of them had work to do (more than
+        counting: an operation of :meth:`_do`, or a storage freed)."""
         ops, events, ends = self.ex.schedule.ops, self.ex._events, self.ex._bookkeeping_end
+        worked = False
         while self.cursor < stop:
             end = min(ends[self.cursor], stop)
             if end > self.cursor:
-                self._replay(events[self.cursor:end])
+                worked |= self._replay(events[self.cursor:end])
                 self.cursor = end
             else:
                 self._do(ops[self.cursor])
                 self.cursor += 1
+                worked = True
+        return worked
 
     def _do(self, op: Op) -> None:
         i = op.node
@@ -930,11 +955,13 @@ class _Run:
     def _track(self, i: int, external: Sequence[object]) -> None:
         self._track_values(i, [_key(t.untyped_storage()) for value in external for t in _tensors(value)])
 
-    def _replay(self, events: Sequence[tuple[int, int]]) -> None:
+    def _replay(self, events: Sequence[tuple[int, int]]) -> bool:
         """What :meth:`_do` does for computes done elsewhere and frees that need no work (the events
-        of :func:`_bookkeeping`), in one loop: the count of the planned bytes and of the storages' holders."""
+        of :func:`_bookkeeping`), in one loop: the count of the planned bytes and of the storages' holders.
+        Whether a node holding storages was among them (a storage may have been freed)."""
         nbytes, state = self.ex._output_bytes, self.state
         planned, peak = self.planned, self.planned_peak
+        held = False
         for i, what in events:  # (_set_in_ram, inlined)
             st = state[i]
             compute = what == _COMPUTE
@@ -949,7 +976,9 @@ class _Run:
                 peak = max(peak, planned)
                 if st.held:
                     self._count_holders(st, compute)
+                    held = True
         self.planned, self.planned_peak = planned, peak
+        return held
 
     def _compression_op(self, op: Op) -> None:
         """Compress node ``op.node``'s storages beside the dense ones, decompress them back into the
@@ -1195,7 +1224,7 @@ class _Run:
             st.held = list(held.values())
         st.computed = True
         self._set_in_ram(i, True)
-        if self.ex.binding.backward_of_forward.get(i) in self.ex._hooked:
+        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
             self._hook_backward(i, hooked)
 
     def _adopt(self, producer: int, storage: torch.UntypedStorage) -> _Storage:
