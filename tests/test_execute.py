@@ -80,7 +80,7 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
 
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
     """Run ``schedule`` and plain steps from the same state, twice with one executor (the second step runs
-    with the pre-hooks the first showed to be needed: ScheduleExecutor._learn_hooks); assert equality after
+    with what the first showed to be needed: ScheduleExecutor._learn); assert equality after
     each; return the second step's result."""
     loss_fn = nn.CrossEntropyLoss()
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)

@@ -26,7 +26,8 @@ written by hand, so any traced model runs:
   that the owner is in RAM as the schedule promised (waiting for a prefetched page-in if need be).
 - **The backward pass is autograd's engine** (``loss.backward()``). A pre-hook on the autograd node of
   forward node *g*'s output advances the schedule up to the compute of *g*'s backward node, performing
-  the frees, page-outs, page-ins and recomputes that come before it. CPU autograd runs
+  the frees, page-outs, page-ins and recomputes that come before it (after the first step, only where
+  there are some: the next pre-hook, or the end of the backward pass, replays the bookkeeping between). CPU autograd runs
   nodes in decreasing creation order, which is the reverse forward order the trace gives backward nodes.
   The caller's ``.grad`` are set aside during the step and accumulated with the new ones only after
   the whole step succeeded, so a failing step leaves parameters, gradients and BatchNorm buffers as
@@ -39,13 +40,18 @@ records, saved-tensor hooks or backward pre-hooks, and the executor only drops i
 their free (the inputs of a recompute at theirs: the reference keeps them, as the schedule does). The
 machinery (records, hooks, the pre-hooks that advance the schedule) is switched on for the nodes the
 schedule frees early, pages, compresses or recomputes, and the nodes that read them
-(``_managed_nodes``). Runs of the forward pass that touch no managed node run as one ``torch.fx``
-generated function (a :class:`_Segment`), which drops each value after its last use as the model's own
-forward would, and the bookkeeping of operations that need no work (frees of unmanaged nodes, the
-gradients autograd computes) is replayed in one loop. The machinery's cost then follows what the schedule
-asks for rather than the model's size: a checkpoint-all schedule runs at a plain step's speed (within
-the measurement noise of a few percent, ``benchmarks/bench_execute.py``), and each node the schedule
-does manage costs tens of microseconds of Python (hooks on each tensor autograd saves, records).
+(``_managed_nodes``). The forward pass runs as ``torch.fx`` generated functions (:class:`_Segment`) that
+drop each value after its last use as the model's own forward would, with the first runs of managed
+nodes between calls that switch the saved-tensor hooks on and record what they own, and calls for the
+operations that need the step's work (a free of a managed node, a page-out); the bookkeeping of the
+operations that need none (frees of unmanaged nodes, the gradients autograd computes) is replayed in
+one loop, in the forward and the backward pass alike. The first step that succeeds shows which
+backward nodes' pre-hooks have work to do and which readers of managed nodes need their reads checked;
+the steps after it hook and check only those (:meth:`ScheduleExecutor._learn`). The machinery's cost
+then follows what the schedule asks for rather than the model's size: a checkpoint-all schedule runs at a
+plain step's speed (within the measurement noise of a few percent, ``benchmarks/bench_execute.py``),
+and each node the schedule does manage costs tens of microseconds of Python (hooks on each tensor
+autograd saves, records).
 
 A process that runs schedules should call :func:`retain_freed_memory` once: glibc hands large freed
 blocks back to the kernel, and a schedule that frees tensors mid-step would page-fault them back in on
@@ -404,7 +410,7 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
 
 def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     """The :class:`_Segment` of operations ``start:end``."""
-    binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed
+    binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed_now
     ops = ex.schedule.ops[start:end]
     computed = [op.node for op in ops if op.kind is OpKind.COMPUTE]
     freed = {op.node for op in ops if op.kind is OpKind.FREE}
@@ -488,7 +494,8 @@ def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) 
     of its own, an identity shortcut, shares another group's, whose pre-hook then fires later than the
     schedule's order says; the next group's pre-hook catches up.) A schedule that changes nothing in the
     backward pass, checkpoint-all, runs with no pre-hook at all: the machinery's cost follows what the
-    schedule asks for, not the model's size.
+    schedule asks for, not the model's size. These are the first step's sets; the steps after it use the
+    part of them the first step showed to be needed (:meth:`ScheduleExecutor._learn`).
     """
     nodes = graph.nodes
     forward = [not node.is_backward and i not in binding.inputs for i, node in enumerate(nodes)]
@@ -648,9 +655,9 @@ class ScheduleExecutor:
             if op.kind is OpKind.COMPUTE:
                 self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
-        # the backward nodes whose autograd nodes get a pre-hook: all of _hooked until a step has shown
-        # which of them have work to do (_learn_hooks)
-        self._hook_at, self._learnt = self._hooked, False
+        # the backward nodes whose autograd nodes get a pre-hook and the forward nodes that run under the
+        # saved-tensor hooks: all of _hooked and _packed until a step has shown which need them (_learn)
+        self._hook_at, self._packed_now, self._learnt = self._hooked, self._packed, False
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
@@ -695,19 +702,29 @@ class ScheduleExecutor:
                         old.add_(new)
                     p.grad = old
 
-    def _learn_hooks(self, worked: set[int]) -> None:
-        """After the first step that succeeded, pre-hooks go only on the backward nodes whose pre-hook
-        had work to do in it (``worked``: a recompute, a page-in, a free of a managed node before them;
-        not only bookkeeping). The others only advanced the schedule through bookkeeping, which the next
-        pre-hook (or the end of the backward pass) replays as well, in the same order: the planned bytes
-        are counted alike. Autograd runs the same graph in the same order every step, so the pre-hooks
-        left fire at the same moments, with the same work; every pre-hook is a Python call registered in
-        the forward pass and made in the backward pass (tens of microseconds each on a busy cache), and a
-        schedule that recomputes early in the backward pass hooked every backward node after that."""
+    def _learn(self, run: "_Run") -> None:
+        """What the first step that succeeded showed, for the steps after it (autograd runs the same graph
+        in the same order every step, so they do the same work at the same moments):
+
+        - pre-hooks go only on the backward nodes whose pre-hook had work to do (``run.worked``: a
+          recompute, a page-in, a free of a managed node before them; not only bookkeeping). The others
+          only advanced the schedule through bookkeeping, which the next pre-hook (or the end of the
+          backward pass) replays as well, in the same order, so the planned bytes are counted alike.
+          A schedule that recomputes early in the backward pass hooked every backward node after that.
+        - The nodes that only read a managed node (packed to check autograd's reads of its storages)
+          run without the saved-tensor hooks, unless their values are views of managed memory
+          (``run.viewing``: their records are needed). The first step checked every read and fetched
+          nothing unplanned; with prefetching page-ins, reads must wait for the disk, so they stay.
+
+        Every pre-hook and every saved tensor under the hooks is a Python call (a few microseconds each on
+        a busy cache): this is what the executor's own time follows once it has learnt."""
         self._learnt = True
-        if frozenset(worked) != self._hook_at:
-            self._hook_at = frozenset(worked)
-            self._segments = _segments(self)  # (their code registers pre-hooks)
+        hook_at, packed = frozenset(run.worked), self._packed
+        if not self.prefetch and run.n_unplanned == 0:
+            packed = self._managed | frozenset(run.viewing)
+        if (hook_at, packed) != (self._hook_at, self._packed_now):
+            self._hook_at, self._packed_now = hook_at, packed
+            self._segments = _segments(self)  # (their code registers pre-hooks and switches the saved-tensor hooks)
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
@@ -745,7 +762,7 @@ class ScheduleExecutor:
             run.close()
         self._restore_grads(add=True)
         if not self._learnt:
-            self._learn_hooks(run.worked)
+            self._learn(run)
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
@@ -795,7 +812,8 @@ class _Run:
         self.rng_before: torch.Tensor | None = None
         self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
-        self.worked: set[int] = set()  # backward nodes whose pre-hook had work to do (_learn_hooks)
+        self.worked: set[int] = set()  # backward nodes whose pre-hook had work to do (ScheduleExecutor._learn)
+        self.viewing: set[int] = set()  # unmanaged nodes whose values are views of managed memory
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
         self.planned = 0
@@ -1146,7 +1164,7 @@ class _Run:
         return {name: local[name] for name in self.ex._external[i]}, out
 
     def _first_compute(self, i: int) -> None:
-        self._begin(i, i in self.ex._packed)
+        self._begin(i, i in self.ex._packed_now)
         try:
             with torch.enable_grad():
                 values, out = self._run_group(i, detach=False)
@@ -1201,6 +1219,8 @@ class _Run:
             self._track_values(i, keys)
             self.pending_own = []
         else:
+            if i not in self.ex._managed:
+                self.viewing.add(i)
             candidates += [(t, ("pack", position)) for position, t in self.pending_own]
             self.pending_own = []
             held: dict[int, _Storage] = {}
