@@ -282,6 +282,44 @@ def test_a_schedule_that_drops_what_autograd_needs_is_refused():
     assert result.n_unplanned > 0
 
 
+def test_a_step_that_fails_inside_a_managed_node_leaves_no_hooks_behind():
+    """A managed node's first run inside a generated segment has the saved-tensor hooks switched on
+    around it. A module that raises there (on the second step, after the executor has learnt) must leave
+    the hooks off, no step state alive, and the model as it was: the next step is plain autograd's."""
+    module, inputs, targets, graph, costs = _traced("mobilenet", True)
+    loss_fn = nn.CrossEntropyLoss()
+    remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
+    reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+    executor = ScheduleExecutor(scheduled, graph, remat, loss_fn)
+    in_segments = {p for s in executor._segments.values() for p in range(s.start, s.end)}
+    managed = next(
+        i for i in sorted(executor._managed)
+        if executor._computed_at[i] in in_segments and any(m.op == "call_module" for m in executor.binding.members[i])
+    )
+    failing = executor.modules[next(m.target for m in executor.binding.members[managed] if m.op == "call_module")]
+
+    def step_both():  # (from the same RNG state: the classifier's dropout)
+        rng = torch.get_rng_state()
+        loss_fn(reference(inputs), targets).backward()
+        torch.set_rng_state(rng)
+        executor.step(inputs, targets)
+
+    step_both()
+    before = {k: v.detach().clone() for k, v in scheduled.state_dict().items()}
+    grads = _grads(scheduled)
+    runs = _alive_runs()
+    failing.forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        executor.step(inputs, targets)
+    del failing.forward
+    assert _alive_runs() == runs  # (the hooks, had they stayed on, would hold the step's state)
+    for k, v in scheduled.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(torch.equal(a, b) for a, b in zip(_grads(scheduled), grads, strict=True))
+    step_both()
+    assert all(torch.equal(a, b) for a, b in zip(_grads(reference), _grads(scheduled), strict=True))
+
+
 def test_graph_of_another_module_is_refused():
     _, inputs, targets, graph, _ = _traced("resnet", True)
     other = ResNet18(10, width=4)

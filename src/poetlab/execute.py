@@ -27,8 +27,9 @@ written by hand, so any traced model runs:
 - **The backward pass is autograd's engine** (``loss.backward()``). A pre-hook on the autograd node of
   forward node *g*'s output advances the schedule up to the compute of *g*'s backward node, performing
   the frees, page-outs, page-ins and recomputes that come before it (after the first step, only where
-  there are some: the next pre-hook, or the end of the backward pass, replays the bookkeeping between). CPU autograd runs
-  nodes in decreasing creation order, which is the reverse forward order the trace gives backward nodes.
+  there are some: the next pre-hook, or the end of the backward pass, replays the bookkeeping between).
+  CPU autograd runs nodes in decreasing creation order, which is the reverse forward order the trace
+  gives backward nodes.
   The caller's ``.grad`` are set aside during the step and accumulated with the new ones only after
   the whole step succeeded, so a failing step leaves parameters, gradients and BatchNorm buffers as
   they were.
@@ -369,7 +370,7 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
     in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
     batch's or the loss's compute) and before a compute that reads a node the run has freed: that
     compute starts the next run, whose dependencies are looked up (and checked) by the step."""
-    ops, binding, n_computes, nodes = ex.schedule.ops, ex.binding, ex._n_computes, ex.graph.nodes
+    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
 
     def forward(i: int) -> bool:
         return binding.forward_of[i] is None and i not in binding.inputs and i != binding.loss
