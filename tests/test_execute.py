@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.execute import _COMPUTE, ExecutionError, ScheduleExecutor, _Run, execute, memory_allowance_bytes
+from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _Run, execute, memory_allowance_bytes
 from poetlab.baselines import capuchin
 from poetlab.baselines.base import Budgets
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -468,6 +468,35 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     assert {executor._computed_at[i] for i in executor._packed} <= covered
     result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
     assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])
+
+
+def test_recomputes_of_the_batch_are_bookkeeping():
+    """POET's MILP may free the batch and "recompute" it (it never leaves: the caller holds it). Such
+    operations, in the forward pass or the backward pass, are counted and replayed with the bookkeeping:
+    the forward pass stays one generated segment and no pre-hook is kept for them."""
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    ops = list(checkpoint_all_schedule(graph).ops)
+    batch = next(i for i, node in enumerate(graph.nodes) if node.kind == "input")
+    readers = [k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and batch in graph.nodes[op.node].inputs]
+    first_backward = next(k for k, op in enumerate(ops) if graph.nodes[op.node].is_backward)
+
+    def again(stage: int) -> list[poetlab.Op]:
+        return [poetlab.Op(OpKind.FREE, batch, stage), poetlab.Op(OpKind.COMPUTE, batch, stage)]
+
+    ops = (
+        ops[: readers[0] + 1] + again(ops[readers[0]].stage)
+        + ops[readers[0] + 1 : first_backward + 2] + again(ops[first_backward + 1].stage) + ops[first_backward + 2 :]
+    )
+    schedule = poetlab.Schedule(graph.n_nodes, tuple(ops))
+    assert simulate(schedule, graph, costs).n_recomputes == 2
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    in_forward, in_backward = [k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == batch][1:]
+    (segment,) = executor._segments.values()
+    assert segment.start < in_forward < segment.end
+    assert executor._events[in_backward] == (batch, _RECOMPUTED_BATCH)
+    result = executor.step(inputs, targets)
+    assert result.n_recomputes == 2 and not executor._hook_at
+    _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)
 
 
 @pytest.mark.parametrize("name, fuse", [("resnet", False), ("resnet", True), ("mobilenet", True)])

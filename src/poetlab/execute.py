@@ -310,27 +310,23 @@ class _Segment:
     run: Callable[..., tuple[object, ...]]
 
 
-_FREE, _COMPUTE, _SKIPPED_FREE = 0, 1, 2
+_FREE, _COMPUTE, _SKIPPED_FREE, _RECOMPUTED_BATCH = 0, 1, 2, 3
 
 
-def _bookkeeping(ex: "ScheduleExecutor", ops: Sequence[Op]) -> tuple[tuple[int, int], ...] | None:
-    """``ops`` as events ``(node, what)`` for :meth:`_Run._replay`, when each is one for which the step
-    has nothing to do but count: a first compute of a node whose work is done elsewhere (a segment's, a
-    gradient autograd computes) or a free of an unmanaged node, a gradient or the caller's batch (the
-    last counted as skipped, as :meth:`_Run._do` does). None when an operation needs real work."""
-    binding = ex.binding
-    events = []
-    for op in ops:
-        i = op.node
-        if op.kind is OpKind.COMPUTE:
-            events.append((i, _COMPUTE))
-        elif op.kind is OpKind.FREE and i in binding.inputs:
-            events.append((i, _SKIPPED_FREE))
-        elif op.kind is OpKind.FREE and i not in ex._managed and i not in ex._kept:
-            events.append((i, _FREE))
-        else:
-            return None
-    return tuple(events)
+def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, int] | None:
+    """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`_Run._replay`, when it is one for
+    which the step has nothing to do but count: a compute (of a node whose work is done elsewhere: a
+    segment's, a gradient autograd computes; the caller decides), a "recompute" of the caller's batch
+    (which never left), or a free of an unmanaged node, a gradient or the batch (the last counted as
+    skipped, as :meth:`_Run._do` does). None when the operation needs real work."""
+    i, inputs = op.node, ex.binding.inputs
+    if op.kind is OpKind.COMPUTE:
+        return (i, _RECOMPUTED_BATCH if i in inputs and ex._computed_at[i] != position else _COMPUTE)
+    if op.kind is OpKind.FREE and i in inputs:
+        return (i, _SKIPPED_FREE)
+    if op.kind is OpKind.FREE and i not in ex._managed and i not in ex._kept:
+        return (i, _FREE)
+    return None
 
 
 def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
@@ -348,11 +344,11 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
     for position in range(start, len(ops)):
         op = ops[position]
         if op.kind is OpKind.COMPUTE:
-            bookkeeping = binding.forward_of[op.node] is not None and n_computes[op.node] == 1
+            bookkeeping = (binding.forward_of[op.node] is not None and n_computes[op.node] == 1) or op.node in binding.inputs
         else:  # (a free of an unmanaged node computed in the backward pass drops its values: _do)
             bookkeeping = op.kind is OpKind.FREE and (binding.forward_of[op.node] is not None or op.node in forward_computed)
-        if bookkeeping and (event := _bookkeeping(ex, [op])) is not None:
-            events[position] = event[0]
+        if bookkeeping:
+            events[position] = _bookkeeping(ex, op, position)
     ends = list(range(len(ops) + 1))
     for position in range(len(ops) - 1, start - 1, -1):
         if events[position] is not None:
@@ -390,10 +386,12 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
                 start, freed = None, set()
             start = position if start is None else start
             continue
-        if (op.kind is OpKind.FREE and op.node in binding.inputs) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
+        if (op.kind in (OpKind.FREE, OpKind.COMPUTE) and op.node in binding.inputs and ex._computed_at[op.node] < position) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
             start = position if start is None else start
             if op.kind is OpKind.FREE:
                 freed.add(op.node)
+            elif op.kind is OpKind.COMPUTE:
+                freed.discard(op.node)  # (the batch, back in RAM)
             continue
         if start is not None:
             runs.append((start, position))
@@ -404,7 +402,7 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
         runs.append((start, position))
     segments = {}
     for start, end in runs:
-        if sum(op.kind is OpKind.COMPUTE for op in ops[start:end]) >= 2:
+        if sum(op.kind is OpKind.COMPUTE and op.node not in binding.inputs for op in ops[start:end]) >= 2:
             segments[start] = _compile_segment(ex, start, end)
     return segments
 
@@ -413,7 +411,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     """The :class:`_Segment` of operations ``start:end``."""
     binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed_now
     ops = ex.schedule.ops[start:end]
-    computed = [op.node for op in ops if op.kind is OpKind.COMPUTE]
+    computed = [op.node for op in ops if op.kind is OpKind.COMPUTE and op.node not in binding.inputs]
     freed = {op.node for op in ops if op.kind is OpKind.FREE}
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
@@ -438,12 +436,13 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
 
     for position, op in enumerate(ops, start):
         i = op.node
-        if op.kind is not OpKind.COMPUTE:
-            event = _bookkeeping(ex, [op]) if op.kind is OpKind.FREE and (i not in computed or i not in packed | tracked) else None
+        if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
+            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in computed or i not in packed | tracked))
+            event = _bookkeeping(ex, op, position) if bookkeeping else None
             if event is None:
                 call("_do_at", position)
             else:
-                events.extend(event)
+                events.append(event)
             continue
         if i in packed:
             call("_begin", i, True)
@@ -983,9 +982,10 @@ class _Run:
         held = False
         for i, what in events:  # (_set_in_ram, inlined)
             st = state[i]
-            compute = what == _COMPUTE
+            compute = what == _COMPUTE or what == _RECOMPUTED_BATCH
             if compute:
                 self.n_computes += 1
+                self.n_recomputes += what == _RECOMPUTED_BATCH
                 st.computed = True
             elif what == _SKIPPED_FREE:
                 self.n_skipped += 1
