@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from concurrent.futures import Future
 
@@ -364,7 +364,7 @@ _SEGMENT_CALLS = frozenset({OpKind.FREE, OpKind.PAGE_OUT, OpKind.COMPRESS, OpKin
 def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
     """The forward pass's runs of two first computes or more (:class:`_Segment`), by their first position
     in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
-    batch's or the loss's compute) and before a compute that reads a node the run has freed: that
+    batch's first compute, the loss's) and before a compute that reads a node the run has freed: that
     compute starts the next run, whose dependencies are looked up (and checked) by the step."""
     ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
 
@@ -412,12 +412,13 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed_now
     ops = ex.schedule.ops[start:end]
     computed = [op.node for op in ops if op.kind is OpKind.COMPUTE and op.node not in binding.inputs]
+    in_segment = set(computed)
     freed = {op.node for op in ops if op.kind is OpKind.FREE}
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
     deps = _outside_inputs(members)
     # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to forget them)
-    tracked = {k for i in computed if i in packed for k in nodes[i].inputs} & set(computed) - packed
+    tracked = {k for i in computed if i in packed for k in nodes[i].inputs} & in_segment - packed
     keep = {i for i in computed if i in ex._managed or (i not in freed and i in ex._kept)}
     outputs = [
         m.name for i in computed for m in binding.members[i]
@@ -437,7 +438,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     for position, op in enumerate(ops, start):
         i = op.node
         if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
-            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in computed or i not in packed | tracked))
+            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked))
             event = _bookkeeping(ex, op, position) if bookkeeping else None
             if event is None:
                 call("_do_at", position)
@@ -463,7 +464,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         start=start,
         end=end,
         deps=tuple(deps.values()),
-        freed_before=tuple(sorted(freed - set(computed) - ex._managed - binding.inputs)),
+        freed_before=tuple(sorted(freed - in_segment - ex._managed - binding.inputs)),
         outputs=tuple(outputs),
         escaping=tuple(
             (i, names) for i in computed
@@ -550,6 +551,11 @@ _COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_CO
 def _key(storage: torch.UntypedStorage) -> int:
     """Identity of a storage that survives resizing (the StorageImpl's address)."""
     return storage._cdata
+
+
+def _storage_keys(values: Iterable[object]) -> list[int]:
+    """The :func:`_key` of each tensor in ``values``, in order."""
+    return [_key(t.untyped_storage()) for value in values for t in _tensors(value)]
 
 
 @dataclass(eq=False)
@@ -964,14 +970,14 @@ class _Run:
         del results
         self.values.update(values)
         for i, names in segment.escaping:  # (only values read later can be seen again: by storage key)
-            self._track_values(i, [_key(t.untyped_storage()) for name in names for t in _tensors(values[name])])
+            self._track(i, [values[name] for name in names])
         self._replay(segment.events)
 
     def _do_at(self, position: int) -> None:
         self._do(self.ex.schedule.ops[position])
 
     def _track(self, i: int, external: Sequence[object]) -> None:
-        self._track_values(i, [_key(t.untyped_storage()) for value in external for t in _tensors(value)])
+        self._track_values(i, _storage_keys(external))
 
     def _replay(self, events: Sequence[tuple[int, int]]) -> bool:
         """What :meth:`_do` does for computes done elsewhere and frees that need no work (the events
@@ -1177,7 +1183,7 @@ class _Run:
             self.loss = out
             self.loss_value = float(out.detach())
         if i in self.ex.binding.inputs:  # the caller's batch: never freed or paged
-            self.batch_keys.update(_key(t.untyped_storage()) for value in values.values() for t in _tensors(value))
+            self.batch_keys.update(_storage_keys(values.values()))
             if self._constant_keys is not None:
                 self._constant_keys |= self.batch_keys
         self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
@@ -1214,7 +1220,7 @@ class _Run:
         if draws:
             st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
         candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
-        keys = [_key(t.untyped_storage()) for t, _ in candidates]
+        keys = _storage_keys(values.values())  # (the candidates' storages, in order)
         if i not in self.ex._managed and not any(key in self.records for key in keys):
             # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
             self._track_values(i, keys)
