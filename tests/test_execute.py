@@ -111,6 +111,7 @@ def _check_counts(schedule, graph, module, result, predicted):
     # and page-outs are left out and counted, a "recompute" of it is a no-op)
     batch = {i for i, node in enumerate(graph.nodes) if node.kind == "input"}
     assert result.n_recomputes == predicted.n_recomputes
+    assert result.n_computes == schedule.count(OpKind.COMPUTE)
     assert result.n_pageouts == predicted.n_pageouts - sum(op.kind is OpKind.PAGE_OUT and op.node in batch for op in schedule.ops)
     assert result.n_skipped_ops == sum(op.kind in (OpKind.FREE, OpKind.PAGE_OUT, OpKind.PAGE_IN) and op.node in batch for op in schedule.ops)
     if predicted.n_compresses:  # compressed copies at their real size, the simulator's at a margined density
@@ -171,17 +172,29 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
             assert result.n_pageins == result.predicted.n_pageins - batch_pageins > 0 and result.prefetch is prefetch
 
 
-def test_repeated_steps_with_one_executor_accumulate_like_backward():
+@pytest.mark.parametrize("planner", [greedy_paging_schedule, greedy_remat_schedule])
+def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
+    """Gradients accumulate over steps as ``backward`` does. From the second step on, every parameter and
+    buffer gets a new storage first (``p.data = ...``): after its first step the executor looks up only
+    the storages of the constants its managed nodes met (ScheduleExecutor._learn), but on every step, so
+    a new storage still counts as a constant, never as a managed node's to free."""
     module, inputs, targets, graph, costs = _traced("resnet", True)
-    schedule = greedy_paging_schedule(graph, costs, 0.6 * _full(graph, costs))
+    schedule = planner(graph, costs, 0.6 * _full(graph, costs))
     loss_fn = nn.CrossEntropyLoss()
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn)
-    for _ in range(2):
+    for step in range(3):
+        if step:
+            for tensor in [*scheduled.parameters(), *scheduled.buffers()]:
+                tensor.data = tensor.data.clone()
         loss_fn(reference(inputs), targets).backward()
         executor.step(inputs, targets)
-    for a, b in zip(_grads(reference), _grads(scheduled), strict=True):
-        assert torch.equal(a, b)
+        for a, b in zip(_grads(reference), _grads(scheduled), strict=True):
+            assert torch.equal(a, b)
+        for tensor in [*scheduled.parameters(), *scheduled.buffers()]:
+            assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    met = executor._constants_met
+    assert met is not None and 0 < len(met) < len(executor.constants)
 
 
 # ---- faults -----------------------------------------------------------------------------------
