@@ -172,6 +172,35 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
             assert result.n_pageins == result.predicted.n_pageins - batch_pageins > 0 and result.prefetch is prefetch
 
 
+
+class _SharedNorm(nn.Module):
+    """Three convolutions normalized by one BatchNorm: its running statistics are updated by three nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2, self.conv3 = (nn.Conv2d(c, 8, 3, padding=1) for c in (3, 8, 8))
+        self.norm = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        for conv in (self.conv1, self.conv2, self.conv3):
+            x = torch.relu(self.norm(conv(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does():
+    """Reruns in the backward pass update their BatchNorm's running statistics a second time; they are put
+    back after the backward pass (ScheduleExecutor._rerun_buffers), here for a BatchNorm that nodes which
+    are not rerun update too."""
+    torch.manual_seed(0)
+    module, inputs, targets = _SharedNorm().train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2])
+    graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    schedule = greedy_remat_schedule(graph, costs, 0.8 * _full(graph, costs))
+    computes = [graph.nodes[op.node].name for op in schedule.ops if op.kind is OpKind.COMPUTE]
+    assert "conv1" in computes[computes.index("grad:loss"):]  # (a rerun in the backward pass)
+    _check_step("shared norm", True, schedule, graph, costs, module, inputs, targets)
+
 @pytest.mark.parametrize("planner", [greedy_paging_schedule, greedy_remat_schedule])
 def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
     """Gradients accumulate over steps as ``backward`` does. From the second step on, every parameter and

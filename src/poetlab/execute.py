@@ -344,6 +344,11 @@ def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, in
     return None
 
 
+def _backward_start(schedule: Schedule, binding: _Binding) -> int:
+    """The position of the schedule's first backward compute (its end if there is none)."""
+    return next((p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(schedule.ops))
+
+
 def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
     """(events, ends): for each position of the schedule from the backward pass's first compute on, its
     operation as an event of :meth:`_Run._replay` when it is bookkeeping only (:func:`_bookkeeping`: a
@@ -353,7 +358,7 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
     once rather than operation by operation: checkpoint-all's whole backward pass is one run, done after
     ``loss.backward()``."""
     ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
-    start = next((p for p, op in enumerate(ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(ops))
+    start = _backward_start(ex.schedule, binding)
     forward_computed = {op.node for op in ops[:start] if op.kind is OpKind.COMPUTE}
     events: list[tuple[int, int] | None] = [None] * len(ops)
     for position in range(start, len(ops)):
@@ -697,16 +702,38 @@ class ScheduleExecutor:
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: list[torch.Tensor] | None = None
         self._buffers_of: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        # the forward nodes the schedule reruns in the backward pass (after the first gradient's compute)
+        self._rerun_in_backward = frozenset(
+            op.node for op in schedule.ops[_backward_start(schedule, self.binding):]
+            if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is None and op.node not in self.binding.inputs
+        )
+        self._backward_buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
     def _group_buffers(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Forward node ``i``'s modules' buffers (BatchNorm's running statistics, which a rerun would
         update a second time) and as many tensors to keep them in while it reruns, allocated once."""
         found = self._buffers_of.get(i)
         if found is None:
-            modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module"]
-            buffers = [b for mod in modules for b in mod.buffers() if b.numel()]
+            buffers = self._node_buffers(i)
             found = self._buffers_of[i] = (buffers, [torch.empty_like(b) for b in buffers])
         return found
+
+    def _node_buffers(self, i: int) -> list[torch.Tensor]:
+        modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module"]
+        return [b for mod in modules for b in mod.buffers() if b.numel()]
+
+    def _rerun_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The buffers of the nodes rerun in the backward pass (each once, in case modules are shared) and
+        as many tensors to keep them in, allocated once: kept before the backward pass and put back after
+        it in one copy each, rather than around every rerun (two copies of a few small tensors cost a
+        rerun ~30 us on a cold cache). Nothing that could tell reads them in between: every first compute
+        is over, and a rerun runs on buffers that its first run has updated already, as any rerun does
+        (BatchNorm in training normalizes with the batch's statistics and only updates its running ones)."""
+        if self._backward_buffers is None:
+            found = {id(b): b for i in sorted(self._rerun_in_backward) for b in self._node_buffers(i)}
+            buffers = list(found.values())
+            self._backward_buffers = (buffers, [torch.empty_like(b) for b in buffers])
+        return self._backward_buffers
 
     def _set_aside_grads(self) -> None:
         self._aside = [p.grad for p in self.params]
@@ -859,6 +886,7 @@ class _Run:
         self.n_compresses = self.n_decompresses = self.compressed_bytes = 0
         self.recompute_cpu_s = 0.0
         self.tail: _Tail | None = None  # (what the last run of bookkeeping added up to: _advance_to_end)
+        self.buffers_kept = False  # (the buffers of the nodes rerun in the backward pass: _rerun_buffers)
 
     @property
     def constant_keys(self) -> set[int]:
@@ -919,10 +947,17 @@ class _Run:
             self._drop_values(i)
         # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
         self.ex._set_aside_grads()
+        buffers, kept = self.ex._rerun_buffers()
+        if buffers:
+            torch._foreach_copy_(kept, buffers)
+            self.buffers_kept = True
         self.loss.backward()
         grads = [p.grad for p in self.ex.params]
         self.loss = None
         self._advance_to_end()
+        if buffers:  # (on a failure, the step puts every buffer back as it was before the step)
+            with torch.no_grad():
+                torch._foreach_copy_(buffers, kept)
         if self.ex.prefetch:
             for record in self.records.values():
                 self._wait(record)
@@ -1354,7 +1389,10 @@ class _Run:
         if i in self.ex.binding.inputs:  # the caller's batch never left: nothing to rerun
             self._set_in_ram(i, True)
             return
-        buffers, backup = self.ex._group_buffers(i)
+        # its modules' buffers (BatchNorm's running statistics), which it updates a second time, are put back
+        # after it; in the backward pass, once after it (ScheduleExecutor._rerun_buffers)
+        kept = self.buffers_kept and i in self.ex._rerun_in_backward
+        buffers, backup = ([], []) if kept else self.ex._group_buffers(i)
         if buffers:
             torch._foreach_copy_(backup, buffers)
         recorded: list[torch.Tensor] = []
