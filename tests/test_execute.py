@@ -79,14 +79,14 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
 
 
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
-    """Run ``schedule`` and plain steps from the same state, twice with one executor (the second step runs
-    with what the first showed to be needed: ScheduleExecutor._learn); assert equality after
-    each; return the second step's result."""
+    """Run ``schedule`` and plain steps from the same state, three times with one executor (the second step
+    runs with what the first showed to be needed: ScheduleExecutor._learn; the third may add up the last
+    run of bookkeeping the second replayed: _Tail); assert equality after each; return the last result."""
     loss_fn = nn.CrossEntropyLoss()
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)
     predicted = simulate(schedule, graph, costs)
-    for step in range(2):
+    for step in range(3):
         rng = torch.get_rng_state()
         plain_loss = loss_fn(reference(inputs), targets)
         plain_loss.backward()  # (gradients accumulate over the two steps, on both sides)

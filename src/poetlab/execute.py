@@ -317,8 +317,10 @@ _FREE, _COMPUTE, _SKIPPED_FREE, _RECOMPUTED_BATCH = 0, 1, 2, 3
 class _Tail:
     """The schedule's last run of bookkeeping, from position ``start`` to the end, as what it adds up to.
     It is the same on every step and nothing reads the nodes' states after it, so once a step has shown
-    that it frees no storage, the steps after it add these sums instead of replaying it event by event
-    (checkpoint-all's whole backward pass: a few hundred events, about half a percent of MobileNetV2 x2's step)."""
+    that it frees no storage, the steps after it that start it at the same position add these sums instead
+    of replaying it event by event (checkpoint-all's whole backward pass: a few hundred events, about half
+    a percent of MobileNetV2 x2's step). Where it starts depends on the pre-hooks, which change once after
+    the first step (:meth:`ScheduleExecutor._learn`): a step that cannot use the sums keeps its own."""
 
     start: int
     n_computes: int
@@ -697,7 +699,7 @@ class ScheduleExecutor:
         self._segments = _segments(self)
         self._events, self._bookkeeping_end = _backward_runs(self)
         self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
-        self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end)
+        self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: list[torch.Tensor] | None = None
@@ -778,7 +780,6 @@ class ScheduleExecutor:
         Every pre-hook and every saved tensor under the hooks is a Python call (a few microseconds each on
         a busy cache): this is what the executor's own time follows once it has learnt."""
         self._learnt = True
-        self._tail = run.tail if run.n_unplanned == 0 else None
         met = run.constants_met
         self._constants_met = [t for t in self.constants if _key(t.untyped_storage()) in met]
         hook_at, packed = frozenset(run.worked), self._packed
@@ -825,6 +826,8 @@ class ScheduleExecutor:
         self._restore_grads(add=True)
         if not self._learnt:
             self._learn(run)
+        if run.tail is not None and run.n_unplanned == 0:
+            self._tail = run.tail  # (see _Tail)
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
@@ -977,7 +980,7 @@ class _Run:
     def _advance_to_end(self) -> None:
         """Perform the rest of the schedule after the backward pass; its last run of bookkeeping as the
         sums a step before added up (:class:`_Tail`), where they apply: nothing fetched unplanned, the
-        same start. Otherwise replayed, and summed for :meth:`ScheduleExecutor._learn` when it freed no
+        same start. Otherwise replayed, and summed (``self.tail``, for the steps after) when it freed no
         storage."""
         start = max(self.cursor, self.ex._last_run)
         self._advance(start)
