@@ -89,7 +89,7 @@ def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **o
     for step in range(3):
         rng = torch.get_rng_state()
         plain_loss = loss_fn(reference(inputs), targets)
-        plain_loss.backward()  # (gradients accumulate over the two steps, on both sides)
+        plain_loss.backward()  # (gradients accumulate over the steps, on both sides)
         rng_after = torch.get_rng_state()
         torch.set_rng_state(rng)
         result = executor.step(inputs, targets, measure_memory=True)
@@ -172,7 +172,6 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
             assert result.n_pageins == result.predicted.n_pageins - batch_pageins > 0 and result.prefetch is prefetch
 
 
-
 class _SharedNorm(nn.Module):
     """Three convolutions normalized by one BatchNorm: its running statistics are updated by three nodes."""
 
@@ -200,6 +199,7 @@ def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does():
     computes = [graph.nodes[op.node].name for op in schedule.ops if op.kind is OpKind.COMPUTE]
     assert "conv1" in computes[computes.index("grad:loss"):]  # (a rerun in the backward pass)
     _check_step("shared norm", True, schedule, graph, costs, module, inputs, targets)
+
 
 @pytest.mark.parametrize("planner", [greedy_paging_schedule, greedy_remat_schedule])
 def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
