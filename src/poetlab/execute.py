@@ -346,11 +346,6 @@ def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, in
     return None
 
 
-def _backward_start(schedule: Schedule, binding: _Binding) -> int:
-    """The position of the schedule's first backward compute (its end if there is none)."""
-    return next((p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(schedule.ops))
-
-
 def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
     """(events, ends): for each position of the schedule from the backward pass's first compute on, its
     operation as an event of :meth:`_Run._replay` when it is bookkeeping only (:func:`_bookkeeping`: a
@@ -360,7 +355,7 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
     once rather than operation by operation: checkpoint-all's whole backward pass is one run, done after
     ``loss.backward()``."""
     ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
-    start = _backward_start(ex.schedule, binding)
+    start = ex._backward_start
     forward_computed = {op.node for op in ops[:start] if op.kind is OpKind.COMPUTE}
     events: list[tuple[int, int] | None] = [None] * len(ops)
     for position in range(start, len(ops)):
@@ -697,6 +692,9 @@ class ScheduleExecutor:
         # where each node is first computed
         self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
         self._segments = _segments(self)
+        # the position of the first backward compute (the schedule's end if there is none)
+        self._backward_start = next(
+            (p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is not None), len(schedule.ops))
         self._events, self._bookkeeping_end = _backward_runs(self)
         self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
         self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
@@ -706,7 +704,7 @@ class ScheduleExecutor:
         self._buffers_of: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         # the forward nodes the schedule reruns in the backward pass (after the first gradient's compute)
         self._rerun_in_backward = frozenset(
-            op.node for op in schedule.ops[_backward_start(schedule, self.binding):]
+            op.node for op in schedule.ops[self._backward_start:]
             if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is None and op.node not in self.binding.inputs
         )
         self._backward_buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
@@ -1275,12 +1273,8 @@ class _Run:
 
     def _first_compute(self, i: int) -> None:
         self._begin(i, i in self.ex._packed_now)
-        try:
-            with torch.enable_grad():
-                values, out = self._run_group(i, detach=False)
-        except BaseException:
-            self._end_hooks()
-            raise
+        with torch.enable_grad():  # (if it fails, close() switches the hooks off)
+            values, out = self._run_group(i, detach=False)
         self.values.update(values)
         if i == self.ex.binding.loss:
             self.loss = out
