@@ -305,7 +305,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         # the executor's own time: the step's CPU time less the reruns' and the paging's (the schedule's work)
         exec_own_s = [stepped.cpu_s - stepped.paging_cpu_s - stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
         exec_recompute_s = [stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
-        predicted_recompute_s = sum(float(costs.runtime_s[i]) for i in _recomputed(schedule))
+        predicted_recompute_s = sum(float(costs.recompute_runtime_s[i]) for i in _recomputed(schedule))
         prefetch_s = [wall for wall, _, _ in timed.get("prefetch", [])]
         reference_cpu_s = [cpu for cpu, _ in timed["hand_reruns"]]
         reference_rerun_s = [rerun for _, rerun in timed["hand_reruns"]]

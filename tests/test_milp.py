@@ -3,6 +3,8 @@ vector, satisfies every row of the MILP, and its objective is the simulated ener
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,36 @@ def test_minimal_recompute_fills_what_is_not_kept():
             if i in ancestors:
                 ancestors.update(graph.nodes[i].inputs)
         assert set(np.flatnonzero(R[t])) == ancestors
+
+
+def test_reruns_priced_apart_cost_the_same_in_the_milp_as_in_the_simulator():
+    """A cost model whose reruns cost more than first computes (a profiled host's): the simulator charges
+    each recompute its rerun price, and the MILP's objective and runtime row charge the same."""
+    graph = build_paper_graph("resnet18_cifar")
+    flops = CostModel.from_flops(graph, load_platform("a72"))
+    costs = dataclasses.replace(flops, recompute_runtime_s=1.7 * flops.runtime_s, recompute_energy_j=1.7 * flops.compute_energy_j)
+    assert np.array_equal(flops.recompute_runtime_s, flops.runtime_s)  # (left out: a rerun costs a compute)
+    budget = int(0.6 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes)
+    schedule = greedy_remat_schedule(graph, costs, budget, 3.0 * costs.plain_step_runtime_s)
+    sim, at_flops = simulate(schedule, graph, costs), simulate(schedule, graph, flops)
+    computed, reruns = set(), []
+    for op in schedule.ops:
+        if op.kind.name == "COMPUTE":
+            if op.node in computed:
+                reruns.append(op.node)
+            computed.add(op.node)
+    assert reruns and sim.n_recomputes == len(reruns)
+    assert sim.energy_j == pytest.approx(at_flops.energy_j + 0.7 * flops.compute_energy_j[reruns].sum(), rel=1e-12)
+    assert sim.runtime_s == pytest.approx(at_flops.runtime_s + 0.7 * flops.runtime_s[reruns].sum(), rel=1e-12)
+    R = schedule.matrices().R[: graph.n_nodes]
+    assert costs.computes_runtime_s(R) == pytest.approx(sim.runtime_s, rel=1e-12)
+    factor = sim.runtime_s / costs.plain_step_runtime_s
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor * (1 + 1e-9), paging=False))
+    x = model.encode(schedule.matrices().as_dict())
+    assert _feasible(model, x)[0]
+    assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
+    # the runtime row charges the reruns at their price: a little less time refuses the schedule, which
+    # fits at the first computes' price
+    below = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor * (1 - 1e-3), paging=False)
+    assert not _feasible(build_milp(graph, costs, below), x)[0]
+    assert _feasible(build_milp(graph, flops, below), x)[0]

@@ -77,6 +77,18 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     # an older profile without the forward pass's time: one factor for all nodes
     older = CostModel.from_profile(graph, HostProfile.from_dict({**loaded.to_dict(), "model": {**loaded.to_dict()["model"], "forward_runtime_s": None}}))
     assert np.allclose(older.runtime_s, raw.runtime_s * model.step_runtime_s / model.node_runtime_sum_s)
+    # reruns: each forward node (not the input, not the loss) was also timed in the middle of a backward
+    # pass, and a recompute is priced at its calibrated time scaled by that slowdown
+    timed = [g.kind not in ("input", "loss") and not g.is_backward for g in graph.nodes]
+    assert [n.rerun_s is not None for n in model.nodes] == timed
+    assert all(len(n.rerun_samples_s) == loaded.repeats and n.rerun_s > 0 for n in model.nodes if n.rerun_s is not None)
+    slowdown = np.array([n.rerun_s / n.runtime_s if n.rerun_s is not None else 1.0 for n in model.nodes])
+    assert np.allclose(costs.recompute_runtime_s, costs.runtime_s * slowdown)
+    assert np.allclose(costs.recompute_energy_j, costs.compute_energy_j * slowdown)
+    assert np.allclose(raw.recompute_runtime_s[timed], [n.rerun_s for n, t in zip(model.nodes, timed) if t])
+    assert np.allclose(older.recompute_runtime_s, older.runtime_s * slowdown)
+    untimed = {**loaded.to_dict()["model"], "nodes": [{**n, "rerun_s": None, "rerun_samples_s": []} for n in loaded.to_dict()["model"]["nodes"]]}
+    assert np.array_equal(CostModel.from_profile(graph, HostProfile.from_dict({**loaded.to_dict(), "model": untimed})).recompute_runtime_s, costs.runtime_s)
     assert np.array_equal(costs.pagein_time_s, raw.pagein_time_s)  # paging is measured on its own, not scaled
     assert np.all(costs.pageout_time_s > 0) and costs.platform == "host"
     by_flops = CostModel.from_flops(trace_torch_model("bert_small_torch", fuse=True), loaded.platform())
@@ -109,6 +121,11 @@ def test_profile_with_negative_numbers_is_refused(host_profile, tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ProfileFileError, match="must be positive"):
         HostProfile.load(path)
+    data = host_profile.to_dict()
+    next(n for n in data["model"]["nodes"] if n["rerun_s"] is not None)["rerun_s"] = -1e-3
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileFileError, match="must be positive"):
+        HostProfile.load(path)
     with pytest.raises(ProfileFileError, match="no such host profile"):
         HostProfile.load(tmp_path / "missing.json")
 
@@ -122,6 +139,8 @@ def test_profile_model_times_every_node_and_leaves_the_module(tmp_path):
     assert graph == trace(module, x, nn.CrossEntropyLoss(), y, name="tiny")
     assert [n.name for n in timed.nodes] == [n.name for n in graph.nodes]
     assert all(len(n.samples_s) == 2 for n, g in zip(timed.nodes, graph.nodes) if g.kind != "input")
+    reruns = [len(n.rerun_samples_s) for n, g in zip(timed.nodes, graph.nodes) if not g.is_backward and g.kind not in ("input", "loss")]
+    assert reruns == [2] * 5  # lin1, relu, lin2, the slice, the sum: each rerun in both timed steps
     assert timed.step_runtime_s > 0
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
     assert all(p.grad is None for p in module.parameters())
@@ -145,7 +164,7 @@ def test_cli_profile_then_solve_on_host(run_cli, tmp_path):
     result = run_cli("profile", "--platform", "host", "--model", "bert_small_torch", "--paging-dir", str(tmp_path),
                      "--output", str(out), "--repeats", "1", "--warmup", "0", "--disk-repeats", "1")
     assert result.returncode == 0, result.stderr
-    assert "step time" in result.stdout and "ratio" in result.stdout
+    assert "step time" in result.stdout and "ratio" in result.stdout and "rerun in the backward pass" in result.stdout
     graph = run_cli("graph", "--model", "bert_small_torch", "--platform", "host", "--profile", str(out), "--json", "--output", str(tmp_path / "g.json"))
     assert graph.returncode == 0, graph.stderr
     summary = json.loads(graph.stdout)

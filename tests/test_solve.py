@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -201,3 +202,19 @@ def test_a_given_start_bounds_the_result_even_at_a_short_time_limit():
     _replays(poet, graph, costs)
     assert poet.energy_j <= start_energy * (1 + 1e-12)
     assert poet.bound_j <= poet.energy_j * (1 + 1e-12)
+
+
+def test_reruns_priced_apart_are_what_the_solver_minimizes():
+    """With reruns dearer than first computes (a profiled host's cost model), the solver's objective is the
+    simulated energy at the rerun prices, and its schedule is no worse under them than the schedule that
+    is optimal when a rerun costs a compute."""
+    graph, flops, peak = _setup("linear", "m0")
+    costs = dataclasses.replace(flops, recompute_runtime_s=1.5 * flops.runtime_s, recompute_energy_j=3.0 * flops.compute_energy_j)
+    budget = peak // 2
+    priced, at_flops = solve(graph, costs, budget, 3.0), solve(graph, flops, budget, 3.0)
+    assert priced.status == at_flops.status == "optimal"
+    sim = _replays(priced, graph, costs)
+    assert 0 < sim.n_recomputes < at_flops.n_recomputes  # dearer reruns: fewer of them (paging instead)
+    repriced = simulate(at_flops.schedule, graph, costs)
+    assert priced.energy_j <= repriced.energy_j + 1e-4 * priced.energy_j
+    assert priced.energy_j >= at_flops.energy_j - 1e-4 * at_flops.energy_j

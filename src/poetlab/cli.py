@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -380,6 +381,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         rows.append(("model", f"{t.name} (batch {t.batch_size}{', fused' if t.fused else ''}): {len(t.nodes)} nodes"))
         forward = f" (forward pass {t.forward_runtime_s * 1e3:.4g} ms)" if t.forward_runtime_s is not None else ""
         rows.append(("step time", f"measured {t.step_runtime_s * 1e3:.4g} ms{forward}; nodes summed {t.node_runtime_sum_s * 1e3:.4g} ms (ratio {t.node_runtime_sum_s / t.step_runtime_s:.3f})"))
+        slowdowns = [n.rerun_s / n.runtime_s for n in t.nodes if n.rerun_s is not None and n.runtime_s > 0]
+        if slowdowns:
+            rows.append(("reruns", f"{statistics.median(slowdowns):.3g}x a node's time alone (median of {len(slowdowns)} forward nodes, each rerun in the backward pass)"))
     rows.append(("written to", str(output)))
     width = max(len(label) for label, _ in rows)
     for label, value in rows:

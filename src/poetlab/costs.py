@@ -52,7 +52,12 @@ class CompressionCosts:
 @dataclass(frozen=True, eq=False)
 class CostModel:
     """Per-node costs, each a read-only float64 array indexed like the graph's nodes; ``compression``
-    (optional) the costs of keeping outputs compressed."""
+    (optional) the costs of keeping outputs compressed.
+
+    ``recompute_runtime_s`` and ``recompute_energy_j`` price a node's second and later computes (a
+    rerun); left out, they are its first compute's, as in the paper's flop model. A profiled host
+    prices them apart (:meth:`from_profile`): a rerun in the backward pass finds its inputs and weights
+    evicted from the caches by the operations since, and costs up to half again as much on a CPU."""
 
     platform: str
     runtime_s: np.ndarray
@@ -62,10 +67,16 @@ class CostModel:
     pagein_energy_j: np.ndarray
     pageout_energy_j: np.ndarray
     compression: CompressionCosts | None = None
+    recompute_runtime_s: np.ndarray | None = None
+    recompute_energy_j: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.recompute_runtime_s is None:
+            object.__setattr__(self, "recompute_runtime_s", self.runtime_s)
+        if self.recompute_energy_j is None:
+            object.__setattr__(self, "recompute_energy_j", self.compute_energy_j)
         sizes = set()
-        for name in ("runtime_s", "compute_energy_j", "pagein_time_s", "pageout_time_s", "pagein_energy_j", "pageout_energy_j"):
+        for name in _ARRAYS:
             array = np.array(getattr(self, name), dtype=np.float64)
             if array.ndim != 1 or not np.all(np.isfinite(array)) or np.any(array < 0):
                 raise ValueError(f"cost array {name} must be one-dimensional, finite and non-negative")
@@ -95,6 +106,13 @@ class CostModel:
         """Compute energy of one step that computes every node once."""
         return float(self.compute_energy_j.sum())
 
+    def computes_runtime_s(self, R: np.ndarray) -> float:
+        """Compute time of the computes in matrix ``R`` (stage x node, true where the stage computes
+        the node): a node's own stage (the diagonal) is its first compute, any other a rerun."""
+        R = np.asarray(R, dtype=bool)
+        diagonal = np.eye(R.shape[0], R.shape[1], dtype=bool)
+        return float(self.runtime_s[np.nonzero(R & diagonal)[1]].sum() + self.recompute_runtime_s[np.nonzero(R & ~diagonal)[1]].sum())
+
     @classmethod
     def from_flops(cls, graph: TrainingGraph, platform: Platform) -> CostModel:
         """The paper's flop cost model of ``graph`` on ``platform``."""
@@ -116,8 +134,13 @@ class CostModel:
         and around nodes (autograd's engine, the allocator, Python's module calls, colder caches); on this
         machine the probed forward nodes were up to 20% below their time inside a step while backward
         nodes were closer, and that gap, not the schedule, dominated the error of predicted against
-        executed step times (benchmarks/bench_execute.py). A recompute is then priced at the forward
-        rate. ``calibrate=False`` gives the node times exactly as probed."""
+        executed step times (benchmarks/bench_execute.py). ``calibrate=False`` gives the node times
+        exactly as probed.
+
+        A rerun is priced at the node's (calibrated) time scaled by how much slower the same probe ran
+        in the middle of a backward pass than alone and warm (``NodeTiming.rerun_s`` over ``runtime_s``;
+        energy by the same factor, as at the same power), where the profile timed it; else at the node's
+        own time."""
         timed = profile.model
         names = tuple(node.name for node in graph.nodes)
         if timed is None or tuple(node.name for node in timed.nodes) != names:
@@ -128,10 +151,14 @@ class CostModel:
             )
         runtime = np.array([node.runtime_s for node in timed.nodes], dtype=np.float64)
         energy = np.array([node.energy_j for node in timed.nodes], dtype=np.float64)
+        probed = runtime.copy()
+        rerun = np.array([probed[k] if node.rerun_s is None else node.rerun_s for k, node in enumerate(timed.nodes)], dtype=np.float64)
+        slowdown = np.divide(rerun, probed, out=np.ones_like(probed), where=probed > 0)
         if calibrate:
             factor = _calibration(graph, runtime, timed.step_runtime_s, timed.forward_runtime_s)
             runtime, energy = runtime * factor, energy * factor
-        return cls._with_paging(graph, profile.platform(), runtime, energy)
+        costs = cls._with_paging(graph, profile.platform(), runtime, energy)
+        return replace(costs, recompute_runtime_s=runtime * slowdown, recompute_energy_j=energy * slowdown)
 
     @classmethod
     def _with_paging(cls, graph: TrainingGraph, platform: Platform, runtime_s: np.ndarray, energy_j: np.ndarray) -> CostModel:
@@ -148,6 +175,9 @@ class CostModel:
             pagein_energy_j=pagein_time * platform.memory_power_w,
             pageout_energy_j=pageout_time * platform.memory_power_w,
         )
+
+
+_ARRAYS = ("runtime_s", "compute_energy_j", "pagein_time_s", "pageout_time_s", "pagein_energy_j", "pageout_energy_j", "recompute_runtime_s", "recompute_energy_j")
 
 
 def _calibration(graph: TrainingGraph, runtime_s: np.ndarray, step_s: float, forward_s: float | None) -> np.ndarray:

@@ -149,7 +149,7 @@ def greedy_remat_schedule(
     last_use = np.array([u[-1] if u else i for i, u in enumerate(uses)])
     S_RAM = (stage[None, :] < stage[:, None]) & (last_use[None, :] >= stage[:, None])
     R = np.eye(T, dtype=bool)
-    energy = np.maximum(costs.compute_energy_j, 1e-300)
+    energy = np.maximum(costs.recompute_energy_j, 1e-300)
     nbytes = graph.output_bytes.astype(float)
     peaks = _stage_peaks(graph, R, S_RAM)
     while peaks.max() > ram_budget_bytes:
@@ -167,6 +167,6 @@ def greedy_remat_schedule(
         S_RAM[previous + 1 : following + 1, i] = False  # recomputed in stage `following`, kept after
         R = minimal_recompute(graph, S_RAM)
         peaks = _stage_peaks(graph, R, S_RAM)
-    if runtime_budget_s is not None and float((R * costs.runtime_s[None, :]).sum()) > runtime_budget_s:
+    if runtime_budget_s is not None and costs.computes_runtime_s(R) > runtime_budget_s:
         return None
     return Schedule.from_matrices(graph, R, S_RAM)

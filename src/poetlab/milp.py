@@ -4,7 +4,9 @@ Checkmate's frontier-advancing formulation extended with paging, as in the POET 
 ``../shared/reference/poet-cost-model.md``). Stage t must compute node t; in stage t a node may be
 (re)computed (R), kept in RAM from the previous stage (S_RAM), kept on flash (S_SSD), paged in (M_IN) or
 out (M_OUT); FREE marks the point after which an input is no longer held, and U the RAM in use after
-each computation of a stage, bounded by the budget. The objective is energy.
+each computation of a stage, bounded by the budget. The objective is energy. A compute off the
+diagonal (R[t, i], i < t) is a rerun, priced at the cost model's rerun costs (the node's own costs in
+the paper's flop model; apart on a profiled host, :class:`~poetlab.costs.CostModel`).
 
 Only variables that can be non-zero are created (nothing is computed, kept or paged ahead of its stage),
 and every constraint family is built from numpy index arrays, so building a 300-node graph takes a
@@ -212,7 +214,8 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
 
     movable = ~graph.pinned[None, :]  # pinned nodes (a traced graph's gradients) are neither recomputed nor paged
     cols = _Columns()
-    R = cols.add((lower_incl & movable) | diagonal if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, costs.compute_energy_j[None, :])
+    compute_energy = np.where(diagonal, costs.compute_energy_j[None, :], costs.recompute_energy_j[None, :])  # (off the diagonal: reruns)
+    R = cols.add((lower_incl & movable) | diagonal if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, compute_energy)
     S_RAM = cols.add(strict, 0.0, 1.0, True)
     none = np.zeros((T, T), dtype=bool)
     paging = strict & movable if options.paging else none
@@ -335,7 +338,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         runtime_budget_s = options.runtime_budget_factor * costs.plain_step_runtime_s
         ids = rows.new(1, -INF, runtime_budget_s)
         t_idx, i_idx = np.nonzero(R >= 0)
-        rows.terms(np.zeros_like(t_idx) + ids[0], R[t_idx, i_idx], costs.runtime_s[i_idx])
+        rows.terms(np.zeros_like(t_idx) + ids[0], R[t_idx, i_idx], np.where(t_idx == i_idx, costs.runtime_s[i_idx], costs.recompute_runtime_s[i_idx]))
         if options.count_paging_time and options.paging:
             t_idx, i_idx = np.nonzero(M_IN >= 0)
             rows.terms(np.zeros_like(t_idx) + ids[0], M_IN[t_idx, i_idx], costs.pagein_time_s[i_idx])

@@ -8,7 +8,9 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   ``threads`` (recorded). With one thread the clock is the thread's CPU time (``clock: cpu``): on a
   shared machine wall time also counts the time spent waiting for a core, which inflates long runs (a
   whole step) far more than short ones (a node) and made their ratio meaningless under load. One whole plain training step (forward, loss, backward) is timed the same way,
-  so that the sum of node times can be checked against it (``step_runtime_s``).
+  so that the sum of node times can be checked against it (``step_runtime_s``). Each forward node is
+  also timed rerun where a schedule reruns it, in the middle of the backward pass (``rerun_s``): the
+  cost model prices recomputes by it (:meth:`poetlab.costs.CostModel.from_profile`).
 - **Flop rate**: a float32 matmul benchmark, so that a graph without per-node timings (a paper model, or
   another traced model) can still be costed on the host by its flops.
 - **Paging**: page-out is ``write`` + ``fsync`` of a fresh file in ``paging_dir``; page-in reads it back
@@ -41,7 +43,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -115,10 +117,16 @@ class DiskProfile:
 
 @dataclass(frozen=True)
 class NodeTiming:
+    """One node's probed time (median of ``samples_s``) and energy; for a forward node, also its time
+    when rerun in the middle of a backward pass (``rerun_s``, median of ``rerun_samples_s``; None where
+    it was not timed: older profiles, inputs, the loss, an output autograd does not differentiate)."""
+
     name: str
     runtime_s: float
     energy_j: float
     samples_s: tuple[float, ...] = ()
+    rerun_s: float | None = None
+    rerun_samples_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -213,7 +221,7 @@ class HostProfile:
                 warmup=int(data["warmup"]),
                 model=None if model is None else ModelProfile(
                     name=str(model["name"]), batch_size=int(model["batch_size"]), fused=bool(model["fused"]),
-                    nodes=tuple(NodeTiming(str(n["name"]), float(n["runtime_s"]), float(n["energy_j"]), tuple(n.get("samples_s", ()))) for n in model["nodes"]),
+                    nodes=tuple(_node_timing(n) for n in model["nodes"]),
                     step_runtime_s=float(model["step_runtime_s"]), step_samples_s=tuple(model.get("step_samples_s", ())),
                     forward_runtime_s=None if model.get("forward_runtime_s") is None else float(model["forward_runtime_s"]),
                 ),
@@ -224,7 +232,7 @@ class HostProfile:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
             raise ProfileFileError(f"{origin}: invalid host profile: {detail}; re-run `poetlab profile`") from None
         values = [profile.flops_per_s, profile.compute_power_w, profile.disk.pagein_throughput_bytes_per_s, profile.disk.pageout_throughput_bytes_per_s, profile.disk.power_w]
-        if not all(np.isfinite(v) and v > 0 for v in values) or (profile.model and any(not (n.runtime_s >= 0 and n.energy_j >= 0) for n in profile.model.nodes)):
+        if not all(np.isfinite(v) and v > 0 for v in values) or (profile.model and any(not (n.runtime_s >= 0 and n.energy_j >= 0 and (n.rerun_s is None or n.rerun_s >= 0)) for n in profile.model.nodes)):
             raise ProfileFileError(f"{origin}: invalid host profile: rates, powers and times must be positive; re-run `poetlab profile`")
         return profile
 
@@ -238,6 +246,14 @@ class HostProfile:
         except json.JSONDecodeError as exc:
             raise ProfileFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); re-run `poetlab profile`") from None
         return cls.from_dict(data, str(path))
+
+
+def _node_timing(data: dict) -> NodeTiming:
+    rerun = data.get("rerun_s")
+    return NodeTiming(
+        str(data["name"]), float(data["runtime_s"]), float(data["energy_j"]), tuple(float(x) for x in data.get("samples_s", ())),
+        None if rerun is None else float(rerun), tuple(float(x) for x in data.get("rerun_samples_s", ())),
+    )
 
 
 def _disk_from(data: dict) -> DiskProfile:
@@ -515,10 +531,70 @@ def profile_model(
                     step_samples_list.append(end - start)
             step_s, step_samples = statistics.median(step_samples_list), tuple(step_samples_list)
             forward_s = statistics.median(forward_samples)
+            reruns = _rerun_samples(traced, inputs, loss_fn, targets, repeats, warmup, clock)
+            timings = [
+                replace(t, rerun_s=statistics.median(reruns[k]), rerun_samples_s=tuple(reruns[k])) if k in reruns else t
+                for k, t in enumerate(timings)
+            ]
     finally:
         for p, g in grads.items():
             p.grad = g
     return graph, ModelProfile(name, batch_size, fuse, tuple(timings), step_s, step_samples, forward_s)
+
+
+def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: int, warmup: int, clock: str) -> dict[int, list[float]]:
+    """Per forward node (not an input, not the loss): the times of its probe (as timed alone) run in the
+    middle of a backward pass, from a pre-hook on the autograd node of its output, i.e. just before
+    autograd computes its gradient, where a checkpointing schedule reruns it. ``warmup + repeats`` whole
+    steps (the model as its fx trace, interpreted), every node rerun once in each; the first ``warmup``
+    steps' times are dropped.
+
+    Why: a rerun there costs more than the same node run alone over and over (on this machine 1.1-1.6x
+    for nodes of a millisecond, more for the smallest), because the backward operations since its first
+    run have evicted its inputs and weights from the caches. Pricing reruns at the warm time put the
+    executed steps' reruns 15-40% above the simulator's prediction (benchmarks/bench_execute.py)."""
+    from torch import fx
+
+    from poetlab.trace import _tensors
+
+    graph = traced.graph
+    forward = [k for k, node in enumerate(graph.nodes) if not node.is_backward and node.kind not in ("input", "loss")]
+    probes = {k: traced.node_probe(k) for k in forward}
+    last_member = {graph.metadata["fx_groups"][graph.nodes[k].name][-1]: k for k in forward}
+    now = CLOCKS[clock]
+    samples: dict[int, list[float]] = {k: [] for k in forward}
+
+    class Outputs(fx.Interpreter):  # the step, keeping each node's output to hook its autograd node
+        def run_node(self, n: fx.Node) -> object:
+            value = super().run_node(n)
+            if n.name in last_member:
+                outputs[last_member[n.name]] = value
+            return value
+
+    def rerun(nodes: list[int], keep: bool) -> None:
+        for k in nodes:
+            start = now()
+            probes[k].forward()
+            if keep:
+                samples[k].append(now() - start)
+
+    for step in range(warmup + repeats):
+        outputs: dict[int, object] = {}
+        out = Outputs(traced.gm).run(*inputs)
+        loss = loss_fn(out) if targets is None else loss_fn(out, targets)
+        by_fn: dict[object, list[int]] = {}
+        for k, value in outputs.items():
+            fn = next((t.grad_fn for t in _tensors(value) if t.grad_fn is not None), None)
+            if fn is not None:
+                by_fn.setdefault(fn, []).append(k)
+        for fn, nodes in by_fn.items():
+            fn.register_prehook(lambda *_, nodes=nodes, keep=step >= warmup: rerun(nodes, keep))
+        del out, outputs, by_fn
+        loss.backward()
+        del loss
+        for p in traced.gm.parameters():
+            p.grad = None
+    return {k: times for k, times in samples.items() if times}
 
 
 def default_profile_dir() -> Path:

@@ -315,9 +315,13 @@ def simulate(
             if not in_ram[i]:
                 used += int(nbytes[i])
                 in_ram[i] = True
+            if computed[i]:  # a rerun (priced apart on a profiled host: CostModel)
+                compute_energy += costs.recompute_energy_j[i]
+                compute_time += costs.recompute_runtime_s[i]
+            else:
+                compute_energy += costs.compute_energy_j[i]
+                compute_time += costs.runtime_s[i]
             computed[i] = True
-            compute_energy += costs.compute_energy_j[i]
-            compute_time += costs.runtime_s[i]
             n_computes += 1
         elif op.kind is OpKind.FREE:
             if not in_ram[i]:

@@ -248,7 +248,7 @@ def recompute_time_s(
     seen, stack, total = {e.tensor}, [e.tensor], 0.0
     while stack:
         u = stack.pop()
-        total += float(costs.runtime_s[u])
+        total += float(costs.recompute_runtime_s[u])
         for v in set(graph.nodes[u].inputs):
             if v not in seen and not keep[b, v] and v not in swapped:
                 seen.add(v)
