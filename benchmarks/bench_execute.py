@@ -74,7 +74,7 @@ from tqdm.auto import tqdm
 import poetlab
 from poetlab._io import write_json_atomic
 from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor, _bind, _group_function, memory_allowance_bytes, retain_freed_memory
+from poetlab.execute import ScheduleExecutor, _bind, _generated, _group_function, memory_allowance_bytes, retain_freed_memory
 from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
@@ -178,7 +178,7 @@ class HandReruns:
         mapping: dict[fx.Node, fx.Node] = {}
         out = copied.graph_copy(gm.graph, mapping)
         copied.output((out, tuple(mapping[n] for n in needed)))
-        self.gm = fx.GraphModule(gm, copied)
+        self.gm = _generated(gm, copied)  # (each module one attribute away, as the executor's code reaches it)
         self.names = [n.name for n in needed]
         self.deps = {i: [d.name for d in self.functions[i].deps] for i in reruns}
         self.attach = [(binding.members[f][-1].name, rs) for f, rs in attach.items()]

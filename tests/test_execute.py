@@ -501,6 +501,12 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     assert [i for i, what in segment.events if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
     first_backward = next(p for p, op in enumerate(full.ops) if op.kind is OpKind.COMPUTE and graph.nodes[op.node].is_backward)
     assert executor._bookkeeping_end[first_backward] == len(full.ops)
+    # the generated code calls the model's own modules (not copies: BatchNorm's statistics are the
+    # model's), each one attribute of it away (fx's code walks the module path one getattr per part)
+    code = segment.run.__self__
+    called = [n.target for n in code.graph.nodes if n.op == "call_module"]
+    assert called and all("." not in target for target in called)
+    assert {id(m) for m in code.children()} <= {id(m) for m in executor.module.modules()}
     result = _check_step(name, fuse, full, graph, costs, module, inputs, targets)
     assert result.n_computes == len([op for op in full.ops if op.kind is OpKind.COMPUTE])
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))

@@ -242,6 +242,27 @@ class _CompiledGroup:
 _PLAIN_FX_OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
+def _generated(gm: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
+    """``graph`` (whose modules and attributes are ``gm``'s) as generated code that reaches each module and
+    attribute it uses as one attribute of its own, under a flat name. Why: fx's code reaches a submodule by
+    its path (``getattr(getattr(self.features, "1").conv, "0")``), one ``Module.__getattr__`` per part, which
+    cost MobileNetV2 x2's forward pass ~0.25 ms (3%) against the model's own code. The modules and tensors
+    are ``gm``'s own objects, not copies."""
+    flat: dict[str, str] = {}
+    root: dict[str, object] = {}
+    for n in graph.nodes:
+        if n.op in ("call_module", "get_attr"):
+            target = str(n.target)
+            if target not in flat:
+                name = flat[target] = f"{target.replace('.', '_')}_{len(flat)}"
+                value: object = gm
+                for part in target.split("."):
+                    value = getattr(value, part)
+                root[name] = value
+            n.target = flat[target]
+    return fx.GraphModule(root, graph)
+
+
 def _outside_inputs(members: Sequence[fx.Node]) -> dict[str, fx.Node]:
     """The fx nodes that ``members`` read and that are not among them, by name, in order of first read."""
     inside = {m.name for m in members}
@@ -272,8 +293,7 @@ def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Se
         env[m] = sub.node_copy(m, lambda n: env[n])
     by_name = {m.name: env[m] for m in members}
     sub.output(tuple(by_name[name] for name in external))
-    module = fx.GraphModule(gm, sub)
-    return _CompiledGroup(tuple(deps.values()), module.forward)
+    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub).forward)
 
 
 @dataclass(frozen=True)
@@ -476,7 +496,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         if binding.backward_of_forward.get(i) in ex._hook_at:
             sub.call_method("_hook_backward", (run, i, external))
     sub.output(tuple(env[m] for m in members if m.name in outputs))
-    module = fx.GraphModule(ex.gm, sub)
+    module = _generated(ex.gm, sub)
     return _Segment(
         start=start,
         end=end,
