@@ -293,17 +293,23 @@ def test_paging_directory_removed_mid_step(tmp_path, monkeypatch):
 
 def test_paging_files_are_private_and_removed(tmp_path, monkeypatch):
     module, inputs, targets, graph, schedule, _, _ = _paging_setup()
-    modes = []
+    modes, sizes = [], []
     real_write = PageStore.write
 
-    def write(self, key, storage):
-        real_write(self, key, storage)
+    def write(self, key, storages):
+        real_write(self, key, storages)
         modes.append((self.directory.stat().st_mode & 0o777, self.path(key).stat().st_mode & 0o777))
+        sizes.append((self.path(key).stat().st_size, [s.nbytes() for s in storages]))
 
     monkeypatch.setattr(PageStore, "write", write)
-    execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
+    result = execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
     assert modes and set(modes) == {(0o700, 0o600)}
     assert list(tmp_path.iterdir()) == []
+    # one file per page-out, with all the storages the node owns (a fused conv group: its convolution's
+    # and its BatchNorm's outputs, and the statistics BatchNorm saved), read back from their offsets
+    assert len(sizes) == result.n_pageouts == sum(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
+    assert all(size == sum(parts) for size, parts in sizes) and max(len(parts) for _, parts in sizes) > 1
+    assert result.bytes_written == sum(size for size, _ in sizes) and result.bytes_read > 0
 
 
 def test_a_schedule_that_drops_what_autograd_needs_is_refused():

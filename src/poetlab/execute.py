@@ -605,7 +605,6 @@ class _Storage:
     storage: torch.UntypedStorage
     nbytes: int
     owner: int
-    index: int
     source: tuple
     refs: int = 0
     pending: Future | None = None
@@ -625,6 +624,7 @@ class _NodeState:
     computed: bool = False
     in_ram: bool = False
     on_flash: bool = False
+    paged: tuple[_Storage, ...] = ()  # (the storages of its last page-out, in the order of its file)
     rng_state: torch.Tensor | None = None
     n_packs: int = 0
     unmanaged_keys: tuple[int, ...] = ()  # storage keys of an unmanaged node's values, while they live
@@ -1070,7 +1070,8 @@ class _Run:
                 self._wait(record)
                 if not record.materialized:
                     raise ExecutionError(f"the schedule pages out {self.ex.graph.nodes[i].name}, which is not in RAM")
-                self.store.write(f"{i}-{record.index}", record.storage)
+            self.store.write(str(i), [record.storage for record in st.owned])  # (one file: _page_in)
+            st.paged = st.owned
             st.on_flash = True
             self.n_pageouts += 1
         else:
@@ -1200,12 +1201,20 @@ class _Run:
                 record.storage.resize_(0)
 
     def _page_in(self, i: int) -> None:
+        """Read back node ``i``'s storages that are not in RAM (the others are held by a view that stayed)
+        from the one file its last page-out wrote them to, one after the other."""
         st = self.state[i]
         assert self.store is not None
-        for record in st.owned:
+        parts, offset = [], 0
+        for record in st.paged:
             if not record.materialized:
                 record.storage.resize_(record.nbytes)
-                record.pending = self.store.read_into(f"{i}-{record.index}", record.storage)
+                parts.append((offset, record))
+            offset += record.nbytes
+        if parts:
+            pending = self.store.read_into(str(i), [(at, record.storage) for at, record in parts])
+            for _, record in parts:
+                record.pending = pending
         self._set_in_ram(i, True)
 
     @staticmethod
@@ -1364,7 +1373,7 @@ class _Run:
                     if producer is not None:  # a view of an unmanaged node's output: that node owns it
                         record = self._adopt(producer, storage)
                     else:
-                        record = _Storage(storage, storage.nbytes(), i, len(st.owned), source)
+                        record = _Storage(storage, storage.nbytes(), i, source)
                         st.owned += (record,)
                     self.records[key] = record
                 held[key] = record
@@ -1379,7 +1388,7 @@ class _Run:
         storage gets a record owned by the producer, held by it while it is in RAM, so that it is freed
         only when neither needs it."""
         st = self.state[producer]
-        record = _Storage(storage, storage.nbytes(), producer, len(st.owned), ("value", self.ex._external[producer][-1], 0))
+        record = _Storage(storage, storage.nbytes(), producer, ("value", self.ex._external[producer][-1], 0))
         st.owned += (record,)
         st.held += (record,)
         if st.in_ram:

@@ -1,8 +1,11 @@
 """Paging to real files: the flash of POET's model, as a private directory on the host's disk.
 
-A :class:`PageStore` writes the bytes of a tensor's storage to a file when a schedule pages it out and
-reads them back into the same storage when the schedule pages it in, so a paged tensor costs no RAM in
-between and keeps its identity (autograd still holds the same tensor object). The directory is created
+A :class:`PageStore` writes the bytes of a tensor's storages (a node's output and what autograd saved
+for it) to one file when a schedule pages it out and reads them back into the same storages when the
+schedule pages it in, so a paged tensor costs no RAM in between and keeps its identity (autograd still
+holds the same tensor object). One file and one ``fsync`` per page-out, as the cost model charges one
+page-out latency per tensor: a file per storage paid that latency up to four times for a ResNet node
+(its convolution's and its BatchNorm's outputs and two small statistics). The directory is created
 with ``mkdtemp`` (mode 0700), each file with mode 0600, and everything is removed by :meth:`close`, which
 the executor calls in a ``finally`` (so also on error). Any ``OSError`` (a full disk, a directory removed
 mid-step) becomes one :class:`PagingError` line that says what to do.
@@ -21,7 +24,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,28 +76,31 @@ class PageStore:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.bin"
 
-    def _timed(self, io: Callable[[str, torch.UntypedStorage], None], key: str, storage: torch.UntypedStorage) -> None:
+    def _timed(self, io: Callable[[str, object], None], key: str, what: object) -> None:
         """Run ``io`` on this thread, adding its wall and CPU time to the store's."""
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
-            io(key, storage)
+            io(key, what)
         finally:
             self.wall_s += time.perf_counter() - wall
             self.cpu_s += time.thread_time() - cpu
 
-    def write(self, key: str, storage: torch.UntypedStorage) -> None:
-        """Write ``storage``'s bytes to the file of ``key`` (replacing an older copy)."""
-        self._timed(self._write, key, storage)
+    def write(self, key: str, storages: Sequence[torch.UntypedStorage]) -> None:
+        """Write the bytes of ``storages``, one after the other, to the file of ``key`` (replacing an older
+        copy), synced once."""
+        self._timed(self._write, key, storages)
 
-    def _write(self, key: str, storage: torch.UntypedStorage) -> None:
+    def _write(self, key: str, storages: Sequence[torch.UntypedStorage]) -> None:
         path = self.path(key)
+        total = sum(storage.nbytes() for storage in storages)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb", buffering=0) as handle:
-                view = _byte_view(storage)
-                written = 0
-                while written < len(view):
-                    written += handle.write(view[written:])
+                for storage in storages:
+                    view = _byte_view(storage)
+                    written = 0
+                    while written < len(view):
+                        written += handle.write(view[written:])
                 if self.durable:
                     os.fsync(handle.fileno())
                     if hasattr(os, "posix_fadvise"):  # so that the page-in reads the disk, not the page cache
@@ -102,36 +108,41 @@ class PageStore:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)  # no half-written page left behind
-            raise self._error(exc, f"cannot page {storage.nbytes():,} bytes out to {self.directory}", "free disk space or choose another paging directory") from None
-        self.bytes_written += len(view)
+            raise self._error(exc, f"cannot page {total:,} bytes out to {self.directory}", "free disk space or choose another paging directory") from None
+        self.bytes_written += total
 
-    def _read(self, key: str, storage: torch.UntypedStorage) -> None:
+    def _read(self, key: str, parts: Sequence[tuple[int, torch.UntypedStorage]]) -> None:
         path = self.path(key)
+        total = 0
         try:
             with open(path, "rb", buffering=0) as handle:
-                view = _byte_view(storage)
-                read = 0
-                while read < len(view):
-                    n = handle.readinto(view[read:])
-                    if not n:
-                        raise OSError(0, f"file {path.name} is shorter than the tensor")
-                    read += n
+                for offset, storage in parts:
+                    handle.seek(offset)
+                    view = _byte_view(storage)
+                    read = 0
+                    while read < len(view):
+                        n = handle.readinto(view[read:])
+                        if not n:
+                            raise OSError(0, f"file {path.name} is shorter than the tensor")
+                        read += n
+                    total += read
         except OSError as exc:
             raise self._error(exc, f"cannot page a tensor back in from {self.directory}", "the paging directory must stay in place during the step") from None
-        self.bytes_read += len(view)
+        self.bytes_read += total
 
     def _error(self, exc: OSError, what: str, fix: str) -> PagingError:
         if not self.directory.is_dir():
             return PagingError(f"{what}: the paging directory disappeared during the step; keep it in place until the step ends")
         return PagingError(f"{what}: {exc.strerror or exc}; {fix}")
 
-    def read_into(self, key: str, storage: torch.UntypedStorage) -> Future[None] | None:
-        """Read the file of ``key`` into ``storage`` (already sized): now, or on the background thread
-        when prefetching (the returned future is done when the bytes are in)."""
+    def read_into(self, key: str, parts: Sequence[tuple[int, torch.UntypedStorage]]) -> Future[None] | None:
+        """Read the file of ``key`` back into storages (already sized), each ``(offset in the file,
+        storage)``: now, or on the background thread when prefetching (the returned future is done when
+        the bytes are in)."""
         if self._pool is None:
-            self._timed(self._read, key, storage)
+            self._timed(self._read, key, parts)
             return None
-        return self._pool.submit(self._read, key, storage)
+        return self._pool.submit(self._read, key, parts)
 
     def close(self) -> None:
         """Stop the reader thread and remove the directory with every file in it."""
