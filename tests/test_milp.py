@@ -12,7 +12,7 @@ from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule, minimal_recompute
 from poetlab.milp import MilpOptions, build_milp
 from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 
 from small_graphs import residual
 
@@ -110,7 +110,7 @@ def test_reruns_priced_apart_cost_the_same_in_the_milp_as_in_the_simulator():
     sim, at_flops = simulate(schedule, graph, costs), simulate(schedule, graph, flops)
     computed, reruns = set(), []
     for op in schedule.ops:
-        if op.kind.name == "COMPUTE":
+        if op.kind is OpKind.COMPUTE:
             if op.node in computed:
                 reruns.append(op.node)
             computed.add(op.node)
