@@ -125,17 +125,6 @@ def _same_grads(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     )
 
 
-def _recomputed(schedule) -> list[int]:
-    """The nodes of each recompute in ``schedule`` (a compute of a node computed before), batch included."""
-    seen, out = set(), []
-    for op in schedule.ops:
-        if op.kind is OpKind.COMPUTE:
-            if op.node in seen:
-                out.append(op.node)
-            seen.add(op.node)
-    return out
-
-
 class HandReruns:
     """A plain step that does a schedule's reruns by hand, without the executor: the reference that
     separates the executor's own time from what recomputing costs a step by itself.
@@ -305,7 +294,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         # the executor's own time: the step's CPU time less the reruns' and the paging's (the schedule's work)
         exec_own_s = [stepped.cpu_s - stepped.paging_cpu_s - stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
         exec_recompute_s = [stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
-        predicted_recompute_s = sum(float(costs.recompute_runtime_s[i]) for i in _recomputed(schedule))
+        predicted_recompute_s = sum(float(costs.recompute_runtime_s[i]) for i in schedule.recomputed_nodes())  # (the batch's included)
         prefetch_s = [wall for wall, _, _ in timed.get("prefetch", [])]
         reference_cpu_s = [cpu for cpu, _ in timed["hand_reruns"]]
         reference_rerun_s = [rerun for _, rerun in timed["hand_reruns"]]

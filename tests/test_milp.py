@@ -12,7 +12,7 @@ from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule, minimal_recompute
 from poetlab.milp import MilpOptions, build_milp
 from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.schedule import checkpoint_all_schedule, simulate
 
 from small_graphs import residual
 
@@ -108,13 +108,8 @@ def test_reruns_priced_apart_cost_the_same_in_the_milp_as_in_the_simulator():
     budget = int(0.6 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes)
     schedule = greedy_remat_schedule(graph, costs, budget, 3.0 * costs.plain_step_runtime_s)
     sim, at_flops = simulate(schedule, graph, costs), simulate(schedule, graph, flops)
-    computed, reruns = set(), []
-    for op in schedule.ops:
-        if op.kind is OpKind.COMPUTE:
-            if op.node in computed:
-                reruns.append(op.node)
-            computed.add(op.node)
-    assert reruns and sim.n_recomputes == len(reruns)
+    reruns = schedule.recomputed_nodes()
+    assert reruns and sim.n_recomputes == schedule.n_recomputes == len(reruns)
     assert sim.energy_j == pytest.approx(at_flops.energy_j + 0.7 * flops.compute_energy_j[reruns].sum(), rel=1e-12)
     assert sim.runtime_s == pytest.approx(at_flops.runtime_s + 0.7 * flops.runtime_s[reruns].sum(), rel=1e-12)
     R = schedule.matrices().R[: graph.n_nodes]

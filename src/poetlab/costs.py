@@ -152,9 +152,8 @@ class CostModel:
             )
         runtime = np.array([node.runtime_s for node in timed.nodes], dtype=np.float64)
         energy = np.array([node.energy_j for node in timed.nodes], dtype=np.float64)
-        probed = runtime.copy()
-        rerun = np.array([probed[k] if node.rerun_s is None else node.rerun_s for k, node in enumerate(timed.nodes)], dtype=np.float64)
-        slowdown = np.divide(rerun, probed, out=np.ones_like(probed), where=probed > 0)
+        rerun = np.array([node.runtime_s if node.rerun_s is None else node.rerun_s for node in timed.nodes], dtype=np.float64)
+        slowdown = np.divide(rerun, runtime, out=np.ones_like(runtime), where=runtime > 0)
         if calibrate:
             factor = _calibration(graph, runtime, timed.step_runtime_s, timed.forward_runtime_s)
             runtime, energy = runtime * factor, energy * factor

@@ -98,6 +98,18 @@ class Schedule:
         """Computations beyond the first of each node."""
         return self.count(OpKind.COMPUTE) - len({op.node for op in self.ops if op.kind is OpKind.COMPUTE})
 
+    def recomputed_nodes(self) -> list[int]:
+        """The node of each computation beyond its node's first, in schedule order (what a cost model
+        prices as a rerun)."""
+        seen: set[int] = set()
+        out = []
+        for op in self.ops:
+            if op.kind is OpKind.COMPUTE:
+                if op.node in seen:
+                    out.append(op.node)
+                seen.add(op.node)
+        return out
+
     def matrices(self) -> ScheduleMatrices:
         """Derive the matrix view by replaying where each tensor lives at each stage start."""
         T = self.n_nodes
