@@ -6,9 +6,11 @@ For each traced model (fused graphs, real sizes: ResNet-18 CIFAR, MobileNetV2 x0
 small encoder) the host is profiled first (``poetlab.profile.profile_host``: per-node times, paging to
 real files with fsync, one thread), which gives the cost model of the simulator's time prediction. POET's
 MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
-recompute, no paging) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
+recompute, no paging; ResNet-18 at 50% also by POET's paging-only arm, ``planner: paging_only``, since
+the free MILP pages or not from run to run) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
 steps on a copy of the same model (and with prefetching page-ins where the schedule pages), in a
-rotating order. The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
+rotating order (at least ``--repeats`` steps of each, and enough to time 1.5 s of plain steps, up to 100:
+a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
 process-wide, so for plain steps too), and each step's minor page faults are recorded
 (``median_page_faults`` beside ``median_plain_page_faults``):
 
@@ -27,7 +29,9 @@ process-wide, so for plain steps too), and each step's minor page faults are rec
   machinery beyond the work the schedule asks for. ``recompute_vs_prediction`` compares the reruns' time
   with the simulator's price for them, and ``overhead_beyond_predicted_vs_plain`` is the executed runtime
   less a plain step less what the simulator says the schedule adds, over a plain step (both errors
-  together). Wall-clock figures are kept beside
+  together). Every step is timed whole: the executor's from its call to its return (set-up and clean-up:
+  the buffers' backup, the paging directory made and removed; ``ExecutionResult.cpu_s``), and plain and
+  hand-rerun steps with their autograd graph let go inside the time, as the executor's step does it. Wall-clock figures are kept beside
   (``median_wall_s``, ``time_vs_plain``), noisy on a shared machine. Profiled node times run alone do not
   add up to a whole step (``profiled_node_sum_s`` vs ``profiled_plain_step_s``); the cost model scales
   them to the measured step (``CostModel.from_profile``, calibrated), and ``uncalibrated_predicted_runtime_s``
@@ -59,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import platform as host
 import resource
@@ -80,11 +85,13 @@ from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
 from poetlab.trace import trace
 
-# (model, batch size, budget fractions of checkpoint-all's peak)
+# (model, batch size, budget fractions of checkpoint-all's peak, each planned by POET's MILP, or by its
+# paging-only arm where marked: the free MILP may well recompute rather than page, and every run must page)
 # (the executor's own cost is per node it manages, so its share of a step falls with the batch: the
 # small-node models also run at a larger batch)
+PAGING_ONLY = "paging_only"
 CASES = [
-    ("resnet18_cifar_torch", 4, (1.0, 0.7, 0.5)),
+    ("resnet18_cifar_torch", 4, (1.0, 0.7, 0.5, (0.5, PAGING_ONLY))),
     ("mobilenetv2_torch", 2, (1.0, 0.7, 0.5)),
     ("mobilenetv2_torch", 16, (1.0, 0.7, 0.5)),
     ("bert_small_torch", 8, (1.0, 0.985)),
@@ -217,7 +224,18 @@ class HandReruns:
             loss.backward()
         finally:
             values.clear()  # (the pre-hooks hold it, and it holds tensors whose autograd nodes hold them)
+            del loss  # (what is left of the graph goes here, inside the time, as in a plain step and the executor's)
         return time.thread_time() - start, self.rerun_cpu_s
+
+
+#: the least plain-step time each kind of step of a case is timed for: a 5 ms step's medians over 15 steps moved
+#: by +-3% from run to run, so small steps run more of them (up to MAX_STEPS)
+MIN_TIMED_S, MAX_STEPS = 1.5, 100
+
+
+def _steps(repeats: int, step_s: float) -> int:
+    """How many steps of each kind to time: ``repeats``, or more for a step shorter than MIN_TIMED_S / repeats."""
+    return max(repeats, min(MAX_STEPS, math.ceil(MIN_TIMED_S / step_s)))
 
 
 def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
@@ -229,14 +247,15 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
     full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     param_bytes = sum(p.numel() * p.element_size() for p in model.module.parameters())
     rows = []
-    for fraction in fractions:
+    for case in fractions:
+        fraction, planner = case if isinstance(case, tuple) else (case, "poet")
         budget = fraction * full
         if fraction >= 1.0:
             schedule, status = checkpoint_all_schedule(graph), "checkpoint_all"
         else:
-            solved = poetlab.solve(graph, costs, budget, time_limit_s=time_limit_s)
+            solved = poetlab.solve(graph, costs, budget, time_limit_s=time_limit_s, remat=planner != PAGING_ONLY)
             if solved.schedule is None:
-                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": solved.status, "message": solved.message})
+                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "planner": planner, "status": solved.status, "message": solved.message})
                 continue
             schedule, status = solved.schedule, solved.status
         predicted = simulate(schedule, graph, costs)
@@ -285,7 +304,8 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
                 p.grad = None
             return reference.step(model.inputs, model.targets)
 
-        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand_reruns": reference_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, repeats)
+        steps = _steps(repeats, profile.model.step_runtime_s)
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand_reruns": reference_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, steps)
         plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
         exec_s = [wall for wall, _, _ in timed["scheduled"]]
         exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
@@ -312,6 +332,8 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "model": name,
             "batch_size": batch_size,
             "budget_fraction": fraction,
+            "planner": planner,
+            "timed_steps": steps,
             "ram_budget_bytes": budget,
             "status": status,
             "n_nodes": graph.n_nodes,
@@ -388,7 +410,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             f"(whose side effect is {row['rerun_side_effect_vs_plain']:+.1%}); a second plain copy {row['plain_control_vs_plain']:+.1%}"
         )
         tqdm.write(
-            f"{name} x{batch_size} @ {fraction:.2f}: {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
+            f"{name} x{batch_size} @ {fraction:.2f} ({planner}): {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
             f"peak {measured.peak_bytes:,} measured vs {predicted.peak_ram_bytes:,} predicted (+ allowance {allowance:,}); "
             f"time {row['median_wall_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['time_vs_prediction']:+.1%}), "
             f"plain {row['median_plain_wall_s'] * 1e3:.1f} ms ({row['time_vs_plain']:+.1%})"
@@ -430,7 +452,9 @@ def overhead_by_batch(name: str, batch_size: int, repeats: int) -> dict[str, obj
 def _case(row: dict[str, object], budget: bool = True) -> str:
     """A row's key in the summary: ``model xBATCH@FRACTION``."""
     key = f"{row['model']} x{row['batch_size']}"
-    return f"{key}@{row['budget_fraction']}" if budget else key
+    if not budget:
+        return key
+    return f"{key}@{row['budget_fraction']}" + (f" {row['planner']}" if row.get("planner", "poet") != "poet" else "")
 
 
 def main() -> None:

@@ -524,6 +524,45 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])
 
 
+@pytest.mark.parametrize("name, fuse", [("resnet", True), ("bert", False)])
+def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypatch):
+    """Once a step without prefetching has fetched nothing unplanned, the steps after it leave autograd's
+    reads unchecked and find each managed node's storages where the first step did, by position
+    (ScheduleExecutor._learn). They must own, free and refill exactly what a step that sorts every saved
+    tensor out afresh does: the same storages (source, size) per managed node, at the second step of two
+    executors of one schedule, one of them kept checking. Prefetching keeps the checks (reads wait)."""
+    module, inputs, targets, graph, costs = _traced(name, fuse)
+    loss_fn = nn.CrossEntropyLoss()
+    schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "resnet" else 0.95) * _full(graph, costs))
+    owned: list[dict[int, list[tuple]]] = []
+    real_close = _Run.close
+
+    def close(run):
+        owned.append({i: [(r.source, r.nbytes) for r in run.state[i].owned] for i in sorted(run.ex._managed)})
+        real_close(run)
+
+    monkeypatch.setattr(_Run, "close", close)
+    executors = [ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn) for _ in range(2)]
+    rng = torch.get_rng_state()
+    for executor in executors:  # (from the same RNG state: the encoder's dropout)
+        torch.set_rng_state(rng)
+        executor.step(inputs, targets)
+    unchecked, checked = executors
+    assert unchecked._unchecked_reads and checked._unchecked_reads
+    assert unchecked._owned_sources and set(unchecked._owned_sources) <= unchecked._managed
+    checked._unchecked_reads, checked._owned_sources = False, {}
+    owned.clear()
+    rng = torch.get_rng_state()
+    for executor in executors:
+        torch.set_rng_state(rng)
+        executor.step(inputs, targets)
+    assert owned[0] == owned[1] and any(owned[0].values())
+    assert all(torch.equal(a, b) for a, b in zip(_grads(unchecked.module), _grads(checked.module), strict=True))
+    prefetching = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn, prefetch=True)
+    prefetching.step(inputs, targets)
+    assert not prefetching._unchecked_reads and not prefetching._owned_sources
+
+
 def test_recomputes_of_the_batch_are_bookkeeping():
     """POET's MILP may free the batch and "recompute" it (it never leaves: the caller holds it). Such
     operations, in the forward pass or the backward pass, are counted and replayed with the bookkeeping:

@@ -48,6 +48,37 @@ def test_disk_profile_reads_back_what_it_wrote(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the benchmark file is removed
 
 
+def test_disk_profile_measures_the_executors_paging(tmp_path, monkeypatch):
+    """The disk benchmark pages through the executor's own PageStore (what the prediction must price),
+    and a disk that fills up mid-benchmark is one line naming the fix, with nothing left behind."""
+    import errno
+    import os
+
+    from poetlab.paging import PageStore
+
+    writes = []
+    real_write = PageStore._write
+    monkeypatch.setattr(PageStore, "_write", lambda self, key, storages: (writes.append(sum(s.nbytes() for s in storages)), real_write(self, key, storages)))
+    disk = profile_disk(tmp_path, SMALL_SIZES, repeats=1)
+    assert writes == [size for size in SMALL_SIZES for _ in range(2)]  # (a warm-up and one timed, per size)
+    assert list(tmp_path.iterdir()) == []  # (the store's private directory is gone too)
+    with PageStore(tmp_path) as store:
+        assert disk.cache_bypass == store.cache_bypass
+    real_open = os.open
+
+    def full(path, *args, **kwargs):  # (the page files only: the directory checks before still pass)
+        if str(path).endswith(".bin"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full)
+    with pytest.raises(PagingDirError) as caught:
+        profile_disk(tmp_path, SMALL_SIZES, repeats=1)
+    assert "\n" not in str(caught.value) and "No space left on device" in str(caught.value) and "free disk space" in str(caught.value)
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_profile_round_trip_and_costs(host_profile, tmp_path):
     path = host_profile.save(tmp_path / "host.json")
     loaded = HostProfile.load(path)

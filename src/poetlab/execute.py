@@ -111,7 +111,8 @@ class ExecutionResult:
     the graph's bytes as the executor went (equal to the simulator's when every op was honoured).
 
     ``wall_s`` is the step's wall time; ``cpu_s`` its CPU time on the calling thread (autograd's CPU
-    engine runs there too), which other processes' load does not inflate; ``paging_wall_s`` and
+    engine runs there too), which other processes' load does not inflate; both from the call's start to
+    its end, set-up and clean-up included (what timing the call from outside would give); ``paging_wall_s`` and
     ``paging_cpu_s`` the wall and CPU time spent in page-outs and synchronous page-ins. Waiting for the
     disk is not CPU time, so :attr:`runtime_s` (CPU time outside paging + paging wall time) is the
     number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.profile`).
@@ -706,6 +707,10 @@ class ScheduleExecutor:
         # the backward nodes whose autograd nodes get a pre-hook and the forward nodes that run under the
         # saved-tensor hooks: all of _hooked and _packed until a step has shown which need them (_learn)
         self._hook_at, self._packed_now, self._learnt = self._hooked, self._packed, False
+        # whether autograd's reads of saved tensors go unchecked, and which of its values and saved tensors
+        # each managed node owns (learnt: _learn)
+        self._unchecked_reads = False
+        self._owned_sources: dict[int, tuple[tuple, ...]] = {}
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
@@ -720,7 +725,7 @@ class ScheduleExecutor:
         self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
-        self._buffer_backup: list[torch.Tensor] | None = None
+        self._buffer_backup: _BufferBackup | None = None
         self._buffers_of: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         # the forward nodes the schedule reruns in the backward pass (after the first gradient's compute)
         self._rerun_in_backward = frozenset(
@@ -790,6 +795,11 @@ class ScheduleExecutor:
           run without the saved-tensor hooks, unless their values are views of managed memory
           (``run.viewing``: their records are needed). The first step checked every read and fetched
           nothing unplanned; with prefetching page-ins, reads must wait for the disk, so they stay.
+          For the same reason the packed nodes' saved tensors are then kept as they are, without a
+          record to check each read against (:meth:`_Run._pack_unchecked`), and a managed node that owned
+          only storages of its own (no view of another node's) finds them where the first step did: the
+          same values and saved tensors, by position (``run.owned_sources``), without sorting out which
+          of the others are constants, other nodes' or duplicates.
         - Only the parameters and buffers that those nodes met (saved, or returned as values) need their
           storages looked up (:attr:`_Run.constant_keys`): the same code reads the same tensors every step.
           Their storages are still looked up on every step, since ``p.data = ...`` replaces one.
@@ -803,40 +813,38 @@ class ScheduleExecutor:
         hook_at, packed = frozenset(run.worked), self._packed
         if not self.prefetch and run.n_unplanned == 0:
             packed = self._managed | frozenset(run.viewing)
+            self._unchecked_reads = True
+            self._owned_sources = {i: sources for i, sources in run.owned_sources.items() if sources is not None}
         if (hook_at, packed) != (self._hook_at, self._packed_now):
             self._hook_at, self._packed_now = hook_at, packed
             self._segments = _segments(self)  # (their code registers pre-hooks and switches the saved-tensor hooks)
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
-        """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would."""
+        """Run one training step; gradients are added to ``.grad`` as ``loss.backward()`` would.
+
+        Its times are the whole call's (the step's set-up and clean-up too: the buffers' backup, the
+        paging directory made and removed, the gradients put back), as a plain step timed from outside."""
+        cpu_start, start = time.thread_time(), time.perf_counter()
         run = _Run(self, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), targets)
         # BatchNorm's running statistics change during the forward pass: kept to put back on failure
-        # (copied into buffers allocated once, so that a step allocates nothing for it)
         if self._buffer_backup is None:
-            self._buffer_backup = [torch.empty_like(b) for b in self.buffers]
-        buffers = self._buffer_backup
-        if buffers:
-            torch._foreach_copy_(buffers, self.buffers)
+            self._buffer_backup = _BufferBackup(self.buffers)
+        backup = self._buffer_backup
+        backup.keep()
+        peak = total_peak = None
         try:
-            cpu_start = time.thread_time()
             if measure_memory:
                 with measure_allocations() as allocation:
-                    start = time.perf_counter()
-                    grads = run.go()
-                    wall = time.perf_counter() - start
-                total_peak: int | None = allocation.peak_bytes
-                peak: int | None = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
+                    run.go()
+                # (this step's gradients, not yet added to those set aside: _restore_grads)
+                grads = [p.grad for p in self.params]
+                total_peak = allocation.peak_bytes
+                peak = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
             else:
-                start = time.perf_counter()
-                grads = run.go()
-                wall = time.perf_counter() - start
-                peak = total_peak = None
-            cpu = time.thread_time() - cpu_start
+                run.go()
         except BaseException:
-            if buffers:
-                with torch.no_grad():
-                    torch._foreach_copy_(self.buffers, buffers)
+            backup.put_back()
             self._restore_grads(add=False)
             raise
         finally:
@@ -846,6 +854,7 @@ class ScheduleExecutor:
             self._learn(run)
         if run.tail is not None and run.n_unplanned == 0:
             self._tail = run.tail  # (see _Tail)
+        wall, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
         return ExecutionResult(
             loss=run.loss_value,
             wall_s=wall,
@@ -871,6 +880,41 @@ class ScheduleExecutor:
         )
 
 
+class _BufferBackup:
+    """A module's buffers (BatchNorm's running statistics and batch counters) kept aside at the start of each
+    step, to put back if the step fails, in tensors allocated once. The 1-D buffers of a dtype go into one
+    tensor by one ``cat``, the 0-D ones (the counters) by one ``stack``, the others one copy each: for
+    MobileNetV2's 156 buffers 22 us against 44 us for a copy per buffer, warm (a step starts with them cold)."""
+
+    def __init__(self, buffers: Sequence[torch.Tensor]):
+        groups: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
+        self.others = [b for b in buffers if b.dim() > 1]
+        for b in buffers:
+            if b.dim() <= 1:
+                groups.setdefault((b.dtype, b.dim()), []).append(b)
+        self.groups = [
+            (group, torch.empty(sum(b.numel() for b in group) if dim else len(group), dtype=dtype), dim == 0)
+            for (dtype, dim), group in groups.items()
+        ]
+        self.others_kept = [torch.empty_like(b) for b in self.others]
+
+    def keep(self) -> None:
+        if not self.groups and not self.others:
+            return
+        with torch.no_grad():
+            for group, kept, scalars in self.groups:
+                (torch.stack if scalars else torch.cat)(group, out=kept)
+            if self.others:
+                torch._foreach_copy_(self.others_kept, self.others)
+
+    def put_back(self) -> None:
+        with torch.no_grad():
+            for group, kept, scalars in self.groups:
+                torch._foreach_copy_(group, list(kept.unbind() if scalars else kept.split([b.numel() for b in group])))
+            if self.others:
+                torch._foreach_copy_(self.others, self.others_kept)
+
+
 class _Run:
     """The state of one executed step."""
 
@@ -893,11 +937,15 @@ class _Run:
         self.current: int | None = None
         self.current_packs = 0
         self.pending_own: list[tuple[int, torch.Tensor]] = []
+        self.packs: list[torch.Tensor] | None = None  # (every tensor the running node saved: _pack_unchecked)
         self.rng_before: torch.Tensor | None = None
         self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
         self.worked: set[int] = set()  # backward nodes whose pre-hook had work to do (ScheduleExecutor._learn)
         self.viewing: set[int] = set()  # unmanaged nodes whose values are views of managed memory
+        # the sources (_Storage.source) of the storages each managed node owned, None where it also held
+        # another node's (ScheduleExecutor._learn)
+        self.owned_sources: dict[int, tuple[tuple, ...] | None] = {}
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
         self.planned = 0
@@ -944,7 +992,7 @@ class _Run:
         self.loss = None
 
     # -- driving the schedule -------------------------------------------------------------------
-    def go(self) -> list[torch.Tensor | None]:
+    def go(self) -> None:
         ops = self.ex.schedule.ops
         forward_of = self.ex.binding.forward_of
         segments = self.ex._segments
@@ -973,7 +1021,6 @@ class _Run:
             torch._foreach_copy_(kept, buffers)
             self.buffers_kept = True
         self.loss.backward()
-        grads = [p.grad for p in self.ex.params]
         self.loss = None
         self._advance_to_end()
         if buffers:  # (on a failure, the step puts every buffer back as it was before the step)
@@ -982,7 +1029,6 @@ class _Run:
         if self.ex.prefetch:
             for record in self.records.values():
                 self._wait(record)
-        return list(grads)
 
     def _advance_to_backward(self, j: int) -> None:
         """Autograd is about to run a node of backward node ``j``: perform the schedule up to and
@@ -1301,6 +1347,9 @@ class _Run:
         return {name: local[name] for name in self.ex._external[i]}, out
 
     def _first_compute(self, i: int) -> None:
+        if i in self.ex.binding.inputs:
+            self._take_batch(i)
+            return
         self._begin(i, i in self.ex._packed_now)
         with torch.enable_grad():  # (if it fails, close() switches the hooks off)
             values, out = self._run_group(i, detach=False)
@@ -1308,11 +1357,21 @@ class _Run:
         if i == self.ex.binding.loss:
             self.loss = out
             self.loss_value = float(out.detach())
-        if i in self.ex.binding.inputs:  # the caller's batch: never freed or paged
-            self.batch_keys.update(_storage_keys(values.values()))
-            if self._constant_keys is not None:
-                self._constant_keys |= self.batch_keys
         self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
+
+    def _take_batch(self, i: int) -> None:
+        """Input node ``i`` (placeholders only): the caller's batch, never freed or paged, whose storages
+        count as constants. Taken as it is, without the general path (~55 us against ~20 us on the cold
+        cache at the start of a step: 0.7% of the encoder x8's)."""
+        values = {m.name: self.inputs[self.ex.placeholders.index(m)] for m in self.ex.binding.members[i]}
+        self.values.update(values)
+        keys = _storage_keys(values.values())
+        self.batch_keys.update(keys)
+        if self._constant_keys is not None:
+            self._constant_keys |= self.batch_keys
+        self._track_values(i, keys)
+        self.state[i].computed = True
+        self._set_in_ram(i, True)
 
     def _begin(self, i: int, packed: bool) -> None:
         """Forward node ``i`` is about to run for the first time: keep the RNG state before it (while it
@@ -1321,7 +1380,11 @@ class _Run:
         self.rng_before = torch.get_rng_state() if self.ex.draws_rng.get(i) is not False else None
         self.current, self.current_packs, self.pending_own = i, 0, []
         if packed:
-            self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            if self.ex._unchecked_reads:
+                self.packs = []
+                self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_unchecked, _unpack_unchecked)
+            else:
+                self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.hooks.__enter__()
 
     def _end_hooks(self) -> None:
@@ -1339,31 +1402,46 @@ class _Run:
         it in RAM and hook its backward node (on ``hooked``, its outputs) where the schedule needs it."""
         self._end_hooks()
         st = self.state[i]
-        st.n_packs = self.current_packs
+        packs, self.packs = self.packs, None
+        if packs is None:
+            st.n_packs, pending = self.current_packs, self.pending_own
+        else:  # (unchecked reads: each saved tensor, sorted out here rather than as it was saved)
+            st.n_packs, pending = len(packs), list(enumerate(packs))
+        self.pending_own = []
         draws = self.ex.draws_rng.get(i)
         if draws is None:
             draws = self.ex.draws_rng[i] = not torch.equal(self.rng_before, torch.get_rng_state())
         if draws:
             st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
         managed = i in self.ex._managed
+        sources = self.ex._owned_sources.get(i) if packs is not None else None
         keys = [] if managed else _storage_keys(values.values())
-        if not managed and not any(key in self.records for key in keys):
+        if sources is not None:
+            owned = []
+            for source in sources:
+                t = packs[source[1]] if source[0] == "pack" else _tensors(values[source[1]])[source[2]]  # type: ignore[index]
+                storage = t.untyped_storage()
+                record = self.records[_key(storage)] = _Storage(storage, storage.nbytes(), i, source)
+                owned.append(record)
+            st.owned = st.held = tuple(owned)
+        elif not managed and not any(key in self.records for key in keys):
             # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
             self._track_values(i, keys)
-            self.pending_own = []
         else:
             if not managed:
                 self.viewing.add(i)
             candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
-            candidates += [(t, ("pack", position)) for position, t in self.pending_own]
-            self.pending_own = []
+            candidates += [(t, ("pack", position)) for position, t in pending]
             held: dict[int, _Storage] = {}
+            own_only = managed
             for t, source in candidates:
                 storage = t.untyped_storage()
                 key = _key(storage)
                 if key in held:
                     continue
                 record = self.records.get(key)
+                if record is not None and source[0] == "pack":
+                    continue  # another node's storage that autograd saved: that node owns and holds it
                 if record is None:
                     if self._is_constant(key):
                         continue
@@ -1372,12 +1450,17 @@ class _Run:
                         continue  # autograd saved an unmanaged node's output: not ours to free
                     if producer is not None:  # a view of an unmanaged node's output: that node owns it
                         record = self._adopt(producer, storage)
+                        own_only = False
                     else:
                         record = _Storage(storage, storage.nbytes(), i, source)
                         st.owned += (record,)
                     self.records[key] = record
+                elif record.owner != i:
+                    own_only = False  # (a view of another node's storage)
                 held[key] = record
             st.held = tuple(held.values())
+            if managed and not self.ex._learnt:
+                self.owned_sources[i] = tuple(record.source for record in st.owned) if own_only else None
         st.computed = True
         self._set_in_ram(i, True)
         if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
@@ -1421,22 +1504,19 @@ class _Run:
         buffers, backup = ([], []) if kept else self.ex._group_buffers(i)
         if buffers:
             torch._foreach_copy_(backup, buffers)
+        # The pack hook is ``recorded.append``: only the tensor is wanted (its storage is what the rerun made),
+        # and the rerun's graph is never run backward, so autograd keeps nothing (append's None). Handing
+        # ``t`` back would leak: a node that saves its own output (ReLU, BatchNorm's statistics) would hold it
+        # while it holds the node, a cycle through C++ that Python's collector cannot break, pinning the
+        # rerun's inputs' memory on every step. (A C method, not a Python function: no frame per tensor.)
         recorded: list[torch.Tensor] = []
-
-        def record_pack(t: torch.Tensor) -> None:
-            # Only the tensor is wanted (its storage is what the rerun made); the rerun's graph is never run
-            # backward, so autograd keeps nothing. Handing ``t`` back would leak: a node that saves its own
-            # output (ReLU, BatchNorm's statistics) would hold it while it holds the node, a cycle through
-            # C++ that Python's collector cannot break, pinning the rerun's inputs' memory on every step.
-            recorded.append(t)
-
         rng_after = None
         if st.rng_state is not None:  # (what torch.random.fork_rng does on the CPU, without its overhead)
             rng_after = torch.get_rng_state()
             torch.set_rng_state(st.rng_state)
         start = time.thread_time()
         try:
-            with torch.autograd.graph.saved_tensors_hooks(record_pack, _never_unpacked), torch.enable_grad():
+            with torch.autograd.graph.saved_tensors_hooks(recorded.append, _never_unpacked), torch.enable_grad():
                 values, _ = self._run_group(i, detach=True)
         finally:
             self.recompute_cpu_s += time.thread_time() - start
@@ -1458,7 +1538,7 @@ class _Run:
                     raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {record.nbytes}")
                 record.storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
         finally:
-            recorded.clear()  # (autograd's nodes of the rerun hold record_pack, and with it this list)
+            recorded.clear()  # (autograd's nodes of the rerun hold its append, and with it this list)
             del values
         self._set_in_ram(i, True)
 
@@ -1481,6 +1561,17 @@ class _Run:
             return _Saved(t.detach(), _PendingRecord(self, key))
         return _Saved(t.detach(), record)
 
+    def _pack_unchecked(self, t: torch.Tensor) -> torch.Tensor:
+        """:meth:`_pack` once the first step has shown that every read finds its bytes in RAM (no prefetch,
+        nothing fetched unplanned: :meth:`ScheduleExecutor._learn`). The same code reads the same storages
+        at the same moments every step, so there is nothing left to check when autograd reads one: the
+        saved tensor is only collected, and :meth:`_finish` finds the node's storages among them. Still a
+        Python call per saved tensor, but no record looked up, made or checked (the encoder's layer saves
+        28 tensors). Unchecked learnt steps took 80-180 us less than checked ones (in-process, interleaved:
+        the encoder x8 at 98.5%, MobileNetV2 x2 at 70% and 50%)."""
+        self.packs.append(t)  # type: ignore[union-attr]
+        return t.detach()  # (never ``t``: a node that saves its own output would hold itself, see _recompute)
+
     def _unpack(self, saved: _Saved | torch.Tensor) -> torch.Tensor:
         if type(saved) is not _Saved:
             return saved  # (see _pack)
@@ -1490,6 +1581,10 @@ class _Run:
         if record is not None and self.state:
             self._ensure(record, "autograd")
         return saved.tensor
+
+
+def _unpack_unchecked(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _never_unpacked(_: None) -> None:

@@ -73,6 +73,13 @@ class PageStore:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="poetlab-pagein") if prefetch else None
         self._closed = False
 
+    @property
+    def cache_bypass(self) -> str:
+        """How a page-in is kept from being served by the page cache (the disk profile records it)."""
+        if self.durable and hasattr(os, "posix_fadvise"):
+            return "posix_fadvise(DONTNEED) after the fsync"
+        return "none (page-ins may be served from the page cache)"
+
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.bin"
 

@@ -13,11 +13,13 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   cost model prices recomputes by it (:meth:`poetlab.costs.CostModel.from_profile`).
 - **Flop rate**: a float32 matmul benchmark, so that a graph without per-node timings (a paper model, or
   another traced model) can still be costed on the host by its flops.
-- **Paging**: page-out is ``write`` + ``fsync`` of a fresh file in ``paging_dir``; page-in reads it back
-  with the page cache bypassed (``O_DIRECT`` where the file system allows it, else the file's cached
-  pages dropped by ``posix_fadvise(DONTNEED)`` after the fsync, else nothing: ``cache_bypass`` says which).
-  Latency and throughput come from a least-squares line ``t = latency + bytes / throughput`` over several
-  sizes (median of repeats per size).
+- **Paging**: page-outs and page-ins of the executor's own :class:`~poetlab.paging.PageStore`, in a
+  private directory under ``paging_dir``: ``write`` + ``fsync`` of the page's file with its cached pages
+  then dropped (``posix_fadvise(DONTNEED)``), and a read of it back from the disk (``cache_bypass`` says
+  how the page cache was kept out). The very code a schedule's paging runs, so that the prediction prices
+  what the executor does: a read through ``O_DIRECT``, as this measured before, took ~25% less than the
+  executor's buffered read of a 2 MiB page here. Latency and throughput come from a least-squares line
+  ``t = latency + bytes / throughput`` over several sizes (median of repeats per size).
 - **Energy**: from RAPL (``/sys/class/powercap/intel-rapl:*/energy_uj``, package domains) where readable:
   each node's energy is the counter's difference over its timed repeats, and paging power is the mean
   power over the disk benchmark. Where RAPL cannot be read (containers, AMD without the driver, no
@@ -32,10 +34,8 @@ torch version and threads, date) beside the numbers; :meth:`HostProfile.platform
 from __future__ import annotations
 
 import datetime as _dt
-import errno
 import json
 import logging
-import mmap
 import os
 import platform as _platform
 import shutil
@@ -52,6 +52,7 @@ from torch import nn
 
 from poetlab._io import read_text_or_raise, write_text_atomic
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
+from poetlab.paging import PageStore, PagingError
 from poetlab.platforms import Platform
 
 log = logging.getLogger("poetlab.profile")
@@ -100,7 +101,8 @@ class MachineInfo:
 
 @dataclass(frozen=True)
 class DiskProfile:
-    """Page-out (write + fsync) and page-in (uncached read) of a real file, fitted as latency + size/throughput."""
+    """Page-out (write + fsync) and page-in (uncached read) of a real file by :class:`~poetlab.paging.PageStore`,
+    fitted as latency + size/throughput."""
 
     directory: str
     cache_bypass: str
@@ -360,46 +362,6 @@ def check_paging_dir(directory: str | os.PathLike[str], needed_bytes: int) -> Pa
     return path
 
 
-def _open_direct(path: Path) -> tuple[int, str]:
-    """A read descriptor bypassing the page cache where possible, and how."""
-    if hasattr(os, "O_DIRECT"):
-        try:
-            return os.open(path, os.O_RDONLY | os.O_DIRECT), "O_DIRECT"
-        except OSError:
-            pass
-    fd = os.open(path, os.O_RDONLY)
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return fd, "posix_fadvise(DONTNEED)"
-    return fd, "none (reads may come from the page cache)"
-
-
-def _pageout(path: Path, data: memoryview) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = data
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pagein(path: Path, buffer: mmap.mmap) -> str:
-    fd, how = _open_direct(path)
-    try:
-        got = 0
-        view = memoryview(buffer)
-        while got < len(buffer):
-            n = os.readv(fd, [view[got:]])
-            if n == 0:
-                break
-            got += n
-    finally:
-        os.close(fd)
-    return how
-
-
 def _fit(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
     """(latency_s, throughput_bytes_per_s) of the least-squares line seconds = latency + size / throughput,
     both constrained non-negative (scipy's NNLS). When noise leaves no positive slope (fsync latency
@@ -428,33 +390,29 @@ def profile_disk(
     if len(sizes) < 2 or any(s <= 0 or s % 4096 for s in sizes):
         raise InvalidArgumentError("disk benchmark sizes must be at least two positive multiples of 4096 bytes")
     path = check_paging_dir(directory, needed_bytes=2 * max(sizes) + (16 << 20))
-    file = path / f".poetlab-paging-{os.getpid()}.bin"
-    outs, ins, hows = [], [], set()
+    outs, ins = [], []
     started, energy_start = time.perf_counter(), rapl.read_uj() if rapl else None
     try:
-        for size in sizes:
-            data = memoryview(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes())
-            buffer = mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
-            out_s, in_s = [], []
-            for _ in range(repeats + 1):  # the first of each size is a warm-up
-                t0 = time.perf_counter()
-                _pageout(file, data)
-                t1 = time.perf_counter()
-                hows.add(_pagein(file, buffer))
-                t2 = time.perf_counter()
-                out_s.append(t1 - t0)
-                in_s.append(t2 - t1)
-                if bytes(buffer[:64]) != bytes(data[:64]):
-                    raise PoetlabError(f"paging benchmark in {path}: the file read back differs from what was written")
-            outs.append(statistics.median(out_s[1:]))
-            ins.append(statistics.median(in_s[1:]))
-            buffer.close()
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise PagingDirError(f"paging directory {path} ran out of space during the disk benchmark; free some space or choose another with --paging-dir") from None
-        raise PagingDirError(f"paging directory {path}: {exc.strerror or exc}; choose another with --paging-dir") from None
-    finally:
-        file.unlink(missing_ok=True)
+        with PageStore(path, durable=True) as store:
+            for size in sizes:
+                data = torch.from_numpy(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+                back = torch.empty(size, dtype=torch.uint8)
+                out_s, in_s = [], []
+                for _ in range(repeats + 1):  # the first of each size is a warm-up
+                    t0 = time.perf_counter()
+                    store.write("probe", [data.untyped_storage()])
+                    t1 = time.perf_counter()
+                    store.read_into("probe", [(0, back.untyped_storage())])
+                    t2 = time.perf_counter()
+                    out_s.append(t1 - t0)
+                    in_s.append(t2 - t1)
+                    if not torch.equal(back[:64], data[:64]):
+                        raise PoetlabError(f"paging benchmark in {path}: the file read back differs from what was written")
+                outs.append(statistics.median(out_s[1:]))
+                ins.append(statistics.median(in_s[1:]))
+            how = store.cache_bypass
+    except PagingError as exc:  # (a full disk, the directory removed: the store's one line)
+        raise PagingDirError(f"disk benchmark: {exc}") from None
     if rapl is not None:
         power, source = rapl.joules_since(energy_start) / (time.perf_counter() - started), "rapl"
     else:
@@ -462,7 +420,7 @@ def profile_disk(
     out_latency, out_rate = _fit(sizes, outs)
     in_latency, in_rate = _fit(sizes, ins)
     return DiskProfile(
-        directory=str(path.resolve()), cache_bypass=" / ".join(sorted(hows)), sizes_bytes=sizes,
+        directory=str(path.resolve()), cache_bypass=how, sizes_bytes=sizes,
         pageout_s=tuple(outs), pagein_s=tuple(ins), pageout_latency_s=out_latency, pageout_throughput_bytes_per_s=out_rate,
         pagein_latency_s=in_latency, pagein_throughput_bytes_per_s=in_rate, power_w=power, energy_source=source,
     )
