@@ -725,7 +725,7 @@ class ScheduleExecutor:
         self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
-        self._buffer_backup: _BufferBackup | None = None
+        self._buffer_backup: list[torch.Tensor] | None = None
         self._buffers_of: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         # the forward nodes the schedule reruns in the backward pass (after the first gradient's compute)
         self._rerun_in_backward = frozenset(
@@ -828,10 +828,14 @@ class ScheduleExecutor:
         cpu_start, start = time.thread_time(), time.perf_counter()
         run = _Run(self, (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs), targets)
         # BatchNorm's running statistics change during the forward pass: kept to put back on failure
+        # (copied into tensors allocated once. One copy per buffer: a cat and a stack into one tensor per
+        # dtype took half the time warm, but as long on the cold cache a step starts with, ~150 us for
+        # MobileNetV2's 156 buffers, which reading that many scattered tensors costs either way)
         if self._buffer_backup is None:
-            self._buffer_backup = _BufferBackup(self.buffers)
-        backup = self._buffer_backup
-        backup.keep()
+            self._buffer_backup = [torch.empty_like(b) for b in self.buffers]
+        buffers = self._buffer_backup
+        if buffers:
+            torch._foreach_copy_(buffers, self.buffers)
         peak = total_peak = None
         try:
             if measure_memory:
@@ -844,7 +848,9 @@ class ScheduleExecutor:
             else:
                 run.go()
         except BaseException:
-            backup.put_back()
+            if buffers:
+                with torch.no_grad():
+                    torch._foreach_copy_(self.buffers, buffers)
             self._restore_grads(add=False)
             raise
         finally:
@@ -878,41 +884,6 @@ class ScheduleExecutor:
             compressed_bytes=run.compressed_bytes,
             recompute_cpu_s=run.recompute_cpu_s,
         )
-
-
-class _BufferBackup:
-    """A module's buffers (BatchNorm's running statistics and batch counters) kept aside at the start of each
-    step, to put back if the step fails, in tensors allocated once. The 1-D buffers of a dtype go into one
-    tensor by one ``cat``, the 0-D ones (the counters) by one ``stack``, the others one copy each: for
-    MobileNetV2's 156 buffers 22 us against 44 us for a copy per buffer, warm (a step starts with them cold)."""
-
-    def __init__(self, buffers: Sequence[torch.Tensor]):
-        groups: dict[tuple[torch.dtype, int], list[torch.Tensor]] = {}
-        self.others = [b for b in buffers if b.dim() > 1]
-        for b in buffers:
-            if b.dim() <= 1:
-                groups.setdefault((b.dtype, b.dim()), []).append(b)
-        self.groups = [
-            (group, torch.empty(sum(b.numel() for b in group) if dim else len(group), dtype=dtype), dim == 0)
-            for (dtype, dim), group in groups.items()
-        ]
-        self.others_kept = [torch.empty_like(b) for b in self.others]
-
-    def keep(self) -> None:
-        if not self.groups and not self.others:
-            return
-        with torch.no_grad():
-            for group, kept, scalars in self.groups:
-                (torch.stack if scalars else torch.cat)(group, out=kept)
-            if self.others:
-                torch._foreach_copy_(self.others_kept, self.others)
-
-    def put_back(self) -> None:
-        with torch.no_grad():
-            for group, kept, scalars in self.groups:
-                torch._foreach_copy_(group, list(kept.unbind() if scalars else kept.split([b.numel() for b in group])))
-            if self.others:
-                torch._foreach_copy_(self.others, self.others_kept)
 
 
 class _Run:
@@ -1356,7 +1327,7 @@ class _Run:
         self.values.update(values)
         if i == self.ex.binding.loss:
             self.loss = out
-            self.loss_value = float(out.detach())
+            self.loss_value = out.item()
         self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
 
     def _take_batch(self, i: int) -> None:
