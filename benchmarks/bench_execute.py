@@ -450,11 +450,11 @@ def overhead_by_batch(name: str, batch_size: int, repeats: int) -> dict[str, obj
 
 
 def _case(row: dict[str, object], budget: bool = True) -> str:
-    """A row's key in the summary: ``model xBATCH@FRACTION``."""
+    """A row's key in the summary: ``model xBATCH@FRACTION``, and `` PLANNER`` where it is not POET's MILP."""
     key = f"{row['model']} x{row['batch_size']}"
     if not budget:
         return key
-    return f"{key}@{row['budget_fraction']}" + (f" {row['planner']}" if row.get("planner", "poet") != "poet" else "")
+    return f"{key}@{row['budget_fraction']}" + (f" {row['planner']}" if row["planner"] != "poet" else "")
 
 
 def main() -> None:

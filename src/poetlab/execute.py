@@ -1381,12 +1381,10 @@ class _Run:
         it in RAM and hook its backward node (on ``hooked``, its outputs) where the schedule needs it."""
         self._end_hooks()
         st = self.state[i]
+        # (with unchecked reads, ``packs`` has every saved tensor, sorted out below rather than as it was saved)
         packs, self.packs = self.packs, None
-        if packs is None:
-            st.n_packs, pending = self.current_packs, self.pending_own
-        else:  # (unchecked reads: each saved tensor, sorted out here rather than as it was saved)
-            st.n_packs, pending = len(packs), list(enumerate(packs))
-        self.pending_own = []
+        pending, self.pending_own = self.pending_own, []
+        st.n_packs = self.current_packs if packs is None else len(packs)
         draws = self.ex.draws_rng.get(i)
         if draws is None:
             draws = self.ex.draws_rng[i] = not torch.equal(self.rng_before, torch.get_rng_state())
@@ -1410,7 +1408,7 @@ class _Run:
             if not managed:
                 self.viewing.add(i)
             candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
-            candidates += [(t, ("pack", position)) for position, t in pending]
+            candidates += [(t, ("pack", position)) for position, t in (pending if packs is None else enumerate(packs))]
             held: dict[int, _Storage] = {}
             own_only = managed
             for t, source in candidates:

@@ -96,7 +96,7 @@ class Schedule:
     @property
     def n_recomputes(self) -> int:
         """Computations beyond the first of each node."""
-        return self.count(OpKind.COMPUTE) - len({op.node for op in self.ops if op.kind is OpKind.COMPUTE})
+        return len(self.recomputed_nodes())
 
     def recomputed_nodes(self) -> list[int]:
         """The node of each computation beyond its node's first, in schedule order (what a cost model
