@@ -229,12 +229,12 @@ def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
 # ---- faults -----------------------------------------------------------------------------------
 
 
-def _paging_setup():
+def _paging_setup(with_grads: bool = True):
     module, inputs, targets, graph, costs = _traced("resnet", True)
     schedule = greedy_paging_schedule(graph, costs, 0.6 * _full(graph, costs))
     module = copy.deepcopy(module)
     for p in module.parameters():
-        p.grad = torch.full_like(p, 0.5)
+        p.grad = torch.full_like(p, 0.5) if with_grads else None
     before = {k: v.detach().clone() for k, v in module.state_dict().items()}
     grads = _grads(module)
     return module, inputs, targets, graph, schedule, before, grads
@@ -244,7 +244,7 @@ def _assert_untouched(module, before, grads, paging_root: Path):
     for k, v in module.state_dict().items():
         assert torch.equal(v, before[k]), k
     for a, b in zip(_grads(module), grads, strict=True):
-        assert torch.equal(a, b)
+        assert (a is None and b is None) or torch.equal(a, b)
     assert list(paging_root.iterdir()) == []
 
 
@@ -289,6 +289,34 @@ def test_paging_directory_removed_mid_step(tmp_path, monkeypatch):
         execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
     assert "\n" not in str(caught.value) and "paging directory disappeared" in str(caught.value)
     _assert_untouched(module, before, grads, tmp_path)
+
+
+@pytest.mark.parametrize("with_grads", [True, False], ids=["grads", "no-grads"])
+def test_a_failure_in_the_backward_pass_gives_back_the_callers_gradients(tmp_path, monkeypatch, with_grads):
+    """The directory vanishes after the last page-out, so the first page-in fails in the backward pass,
+    once autograd has given parameters gradients: they go, and the caller's are back (none where it had
+    none: the executor keeps no list of them then)."""
+    module, inputs, targets, graph, schedule, before, grads = _paging_setup(with_grads)
+    n_pageouts = sum(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
+    real_write = PageStore.write
+    accumulated, written = [], []
+    for p in module.parameters():
+        p.register_post_accumulate_grad_hook(accumulated.append)
+
+    def write(self, key, storage):
+        real_write(self, key, storage)
+        written.append(key)
+        if len(written) == n_pageouts:
+            for child in self.directory.iterdir():
+                child.unlink()
+            self.directory.rmdir()
+
+    monkeypatch.setattr(PageStore, "write", write)
+    with pytest.raises(PagingError, match="paging directory disappeared"):
+        execute(module, schedule, (inputs, targets), graph=graph, loss_fn=nn.CrossEntropyLoss(), paging_dir=str(tmp_path), measure_memory=False)
+    assert accumulated  # (the failure came after autograd had accumulated gradients)
+    _assert_untouched(module, before, grads, tmp_path)
+    assert all((p.grad is None) != with_grads for p in module.parameters())
 
 
 def test_paging_files_are_private_and_removed(tmp_path, monkeypatch):
