@@ -14,8 +14,8 @@ the ``k`` convolutions nearest the input (where POET's schedules recompute), aga
 without, interleaved. ``slowdown_beyond_flush_s`` is the backward pass's extra time less the writes' own:
 what the rest of the backward pass loses to cold caches. One torch thread, thread CPU time, medians.
 A 64 MiB write evicts far more than a rerun does, so this is an upper bound: ``bench_execute.py``'s
-hand-rerun step (a plain step doing a schedule's reruns by hand) measures the real effect: at most 2% of a
-plain step.
+hand step (a plain step doing a schedule's reruns and paging by hand) measures the real effect: at most
+~3% of a plain step.
 
 Writes experiments/benchmarks/cache_disruption.json.
 """
