@@ -1,0 +1,207 @@
+"""In-process A/B of the executor: this tree's ``poetlab.execute`` against the same module at a git revision.
+
+A change to the executor's own time of a few tens of microseconds does not show in ``bench_execute.py``,
+whose small cases move by a few percent of their step from one run to the next (where the tensors of
+each copy land in memory, the machine's drift). Here both executors run the same schedules in one
+process, interleaved with a plain step and ``bench_execute.py``'s hand step (the schedule's reruns and
+paging done by hand) in a rotating order, so that what moves the whole benchmark moves both alike.
+
+Each case is profiled on this host and planned by POET's MILP (``--time-limit`` per solve), as
+``bench_execute.py`` does; every executor's first step must give autograd's gradients bit for bit.
+Each step is timed from outside ``step()`` (thread CPU time, one torch thread), with the paging calls'
+own CPU time left out, as the hand step's is; the own time of each executor is its step less the hand
+step, over a plain step, and ``new_minus_base_s`` the median of the differences within each round.
+
+Only ``src/poetlab/execute.py`` comes from the revision (``git show``); the rest of the package is this
+tree's, so a revision whose executor needs other modules as they were then cannot be compared this way.
+
+    PYTHONPATH=src python benchmarks/ab_execute.py --base HEAD~1 [--case mobilenetv2_torch:2:1.0,0.7,0.5] [--steps N]
+
+Writes experiments/benchmarks/ab_execute.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import math
+import os
+import platform as host
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from tqdm.auto import tqdm
+
+import poetlab
+from poetlab._io import write_json_atomic
+from poetlab.execute import ScheduleExecutor, retain_freed_memory
+from poetlab.profile import profile_host
+from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch_models import TORCH_MODELS, build_torch_model
+from poetlab.trace import trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_execute import HandStep, _interleaved, _plain, _same_grads  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "benchmarks" / "ab_execute.json"
+#: the small steps, where the executor's own time is the largest share (bench_execute.py's worst cases)
+CASES = ["mobilenetv2_torch:2:1.0,0.7,0.5", "bert_small_torch:8:1.0,0.985"]
+#: rounds dropped at the start (first steps learn, caches and the allocator settle)
+WARMUP = 3
+
+
+def _git(*args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        message = (done.stderr.strip().splitlines() or ["git failed"])[-1]
+        raise SystemExit(f"ab_execute: git {' '.join(args)}: {message}; name a commit of this repository with --base")
+    return done.stdout
+
+
+def load_base_executor(revision: str) -> ModuleType:
+    """``poetlab/execute.py`` as it was at ``revision``, loaded as the module ``poetlab._execute_base``."""
+    source = _git("show", f"{revision}:src/poetlab/execute.py")
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "execute_base.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("poetlab._execute_base", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # (its dataclasses look their module up)
+        spec.loader.exec_module(module)
+    return module
+
+
+def _parse_case(text: str) -> tuple[str, int, tuple[float, ...]]:
+    try:
+        name, batch, fractions = text.split(":")
+        parsed = (name, int(batch), tuple(float(f) for f in fractions.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODEL:BATCH:F1,F2 (e.g. mobilenetv2_torch:2:1.0,0.5)") from None
+    if name not in TORCH_MODELS:
+        raise argparse.ArgumentTypeError(f"unknown model {name!r}; choose from {', '.join(sorted(TORCH_MODELS))}")
+    if parsed[1] < 1 or any(not 0.0 < f <= 1.0 for f in parsed[2]):
+        raise argparse.ArgumentTypeError(f"{text!r}: the batch must be positive and each fraction in (0, 1]")
+    return parsed
+
+
+def run_case(base: ModuleType, name: str, batch_size: int, fractions, steps: int | None, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
+    profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
+    model = build_torch_model(name, batch_size)
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
+    costs = poetlab.CostModel.from_profile(graph, profile)
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    n_steps = steps or max(100, min(500, math.ceil(3.0 / profile.model.step_runtime_s)))
+    rows = []
+    for fraction in fractions:
+        if fraction >= 1.0:
+            schedule = checkpoint_all_schedule(graph)
+        else:
+            solved = poetlab.solve(graph, costs, fraction * full, time_limit_s=time_limit_s)
+            if solved.schedule is None:
+                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": solved.status, "message": solved.message})
+                continue
+            schedule = solved.schedule
+        plain = copy.deepcopy(model.module)
+        executors = {
+            "base": base.ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir),
+            "new": ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir),
+        }
+        hand = HandStep(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        rng = torch.get_rng_state()  # (the same random numbers for every first step: the encoder's dropout)
+        _plain(plain, model.inputs, model.targets, model.loss_fn)
+        grads_equal = {}
+        for key, executor in executors.items():
+            torch.set_rng_state(rng)
+            executor.step(model.inputs, model.targets)
+            grads_equal[key] = _same_grads(plain, executor.module)
+
+        def executor_step(executor) -> float:
+            for p in executor.params:
+                p.grad = None
+            start = time.thread_time()
+            result = executor.step(model.inputs, model.targets)
+            return time.thread_time() - start - getattr(result, "paging_cpu_s", 0.0)
+
+        def hand_step() -> float:
+            for p in hand.module.parameters():
+                p.grad = None
+            cpu, _, paging = hand.step(model.inputs, model.targets)
+            return cpu - paging
+
+        def plain_step() -> float:
+            for p in plain.parameters():
+                p.grad = None
+            return _plain(plain, model.inputs, model.targets, model.loss_fn)[1]
+
+        runs = {"plain": plain_step, "hand": hand_step, **{key: (lambda ex=ex: executor_step(ex)) for key, ex in executors.items()}}
+        samples = {key: values[WARMUP:] for key, values in _interleaved(runs, n_steps + WARMUP).items()}
+        hand.close()
+        plain_s, hand_s = statistics.median(samples["plain"]), statistics.median(samples["hand"])
+        row = {
+            "model": name,
+            "batch_size": batch_size,
+            "budget_fraction": fraction,
+            "n_recomputes": schedule.n_recomputes,
+            "n_pageouts": sum(op.kind.name == "PAGE_OUT" for op in schedule.ops),
+            "steps": n_steps,
+            "base_grads_equal": grads_equal["base"],
+            "new_grads_equal": grads_equal["new"],
+            "median_plain_cpu_s": plain_s,
+            "median_hand_step_cpu_s": hand_s,
+            **{f"median_{key}_cpu_s": statistics.median(samples[key]) for key in executors},
+            # the executors' own time beyond the hand step, over a plain step
+            **{f"{key}_own_vs_hand_step": (statistics.median(samples[key]) - hand_s) / plain_s for key in executors},
+            # this tree's step less the revision's, within each round
+            "new_minus_base_s": statistics.median(n - b for n, b in zip(samples["new"], samples["base"], strict=True)),
+        }
+        rows.append(row)
+        tqdm.write(
+            f"{name} x{batch_size} @ {fraction:g}: own time beyond the hand step {row['base_own_vs_hand_step']:+.1%} (base) -> "
+            f"{row['new_own_vs_hand_step']:+.1%} (this tree), {row['new_minus_base_s'] * 1e6:+.0f} us a step "
+            f"(median of {n_steps} rounds; grads equal {grads_equal['base']}/{grads_equal['new']})"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="the git revision whose src/poetlab/execute.py is compared (e.g. HEAD~1)")
+    parser.add_argument("--case", dest="cases", action="append", type=_parse_case, help=f"MODEL:BATCH:F1,F2 (repeatable; default {' '.join(CASES)})")
+    parser.add_argument("--steps", type=int, default=None, help="rounds timed per budget (default: 3 s of plain steps, 100 to 500)")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP solve")
+    parser.add_argument("--paging-dir", default=None, help="where the paging files go (default: a temporary directory)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error("--steps must be at least 1")
+    cases = args.cases or [_parse_case(c) for c in CASES]
+    revision = _git("rev-parse", "--verify", f"{args.base}^{{commit}}").strip()
+    tree_changed = bool(_git("status", "--porcelain", "--", "src/poetlab/execute.py").strip())
+    base = load_base_executor(revision)
+    torch.set_num_threads(1)  # as profiled
+    torch.use_deterministic_algorithms(True)
+    retained = retain_freed_memory()
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
+        for name, batch_size, fractions in tqdm(cases, desc="executor A/B"):
+            rows += run_case(base, name, batch_size, fractions, args.steps, args.time_limit, paging_dir)
+    write_json_atomic(args.out, {
+        "benchmark": "ab_execute",
+        "base": revision,
+        "this_tree": _git("rev-parse", "HEAD").strip() + (" with src/poetlab/execute.py changed" if tree_changed else ""),
+        "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count(), "allocator_retains_freed_memory": retained},
+        "rows": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
