@@ -43,7 +43,7 @@ import poetlab
 from poetlab._io import write_json_atomic
 from poetlab.execute import ScheduleExecutor, retain_freed_memory
 from poetlab.profile import profile_host
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import TORCH_MODELS, build_torch_model
 from poetlab.trace import trace
 
@@ -151,7 +151,7 @@ def run_case(base: ModuleType, name: str, batch_size: int, fractions, steps: int
             "batch_size": batch_size,
             "budget_fraction": fraction,
             "n_recomputes": schedule.n_recomputes,
-            "n_pageouts": sum(op.kind.name == "PAGE_OUT" for op in schedule.ops),
+            "n_pageouts": sum(op.kind is OpKind.PAGE_OUT for op in schedule.ops),
             "steps": n_steps,
             "base_grads_equal": grads_equal["base"],
             "new_grads_equal": grads_equal["new"],
