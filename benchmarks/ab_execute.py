@@ -7,7 +7,10 @@ process, interleaved with a plain step and ``bench_execute.py``'s hand step (the
 paging done by hand) in a rotating order, so that what moves the whole benchmark moves both alike.
 
 Each case is profiled on this host and planned by POET's MILP (``--time-limit`` per solve), as
-``bench_execute.py`` does; every executor's first step must give autograd's gradients bit for bit.
+``bench_execute.py`` does; every executor's first step must give autograd's gradients bit for bit. All
+steps run on one copy of the model: two copies lie in different places in memory, which alone moves a
+small step by a few hundred microseconds. ``--base HEAD`` (the same executor twice) shows the floor:
+-60 to +20 us a step here.
 Each step is timed from outside ``step()`` (thread CPU time, one torch thread), with the paging calls'
 own CPU time left out, as the hand step's is; the own time of each executor is its step less the hand
 step, over a plain step, and ``new_minus_base_s`` the median of the differences within each round.
@@ -41,14 +44,14 @@ from tqdm.auto import tqdm
 
 import poetlab
 from poetlab._io import write_json_atomic
-from poetlab.execute import ScheduleExecutor, retain_freed_memory
+from poetlab.execute import retain_freed_memory
 from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import TORCH_MODELS, build_torch_model
 from poetlab.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_execute import HandStep, _interleaved, _plain, _same_grads  # noqa: E402
+from bench_execute import HandStep, _plain, _same_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "benchmarks" / "ab_execute.json"
@@ -66,18 +69,41 @@ def _git(*args: str) -> str:
     return done.stdout
 
 
-def load_base_executor(revision: str) -> ModuleType:
-    """``poetlab/execute.py`` as it was at ``revision``, loaded as the module ``poetlab._execute_base``."""
-    source = _git("show", f"{revision}:src/poetlab/execute.py")
+def load_executor(source: str, name: str) -> ModuleType:
+    """``source`` (a version of ``poetlab/execute.py``) loaded as the module ``poetlab._execute_<name>``.
+
+    Both executors compared are loaded this way, the tree's too, rather than one imported and the other
+    loaded: the imported module's step ran 100-200 us faster than the same code loaded (MobileNetV2 x2
+    at 70% and 50%, ``--base HEAD``), on these cold caches where where code and objects lie matters."""
     with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / "execute_base.py"
+        path = Path(directory) / f"execute_{name}.py"
         path.write_text(source)
-        spec = importlib.util.spec_from_file_location("poetlab._execute_base", path)
+        spec = importlib.util.spec_from_file_location(f"poetlab._execute_{name}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # (its dataclasses look their module up)
         spec.loader.exec_module(module)
     return module
+
+
+def _rounds(runs: dict[str, object], compared: tuple[str, str], n: int) -> dict[str, list]:
+    """Each of ``runs`` ``n`` times, in rounds that rotate their order, and swap the two ``compared``
+    every other round, so that each of them follows the other as often as it is followed by it (a step
+    runs faster after one that warmed the same model's data: 40-60 us on MobileNetV2 x2 for the second of
+    two runs of one executor)."""
+    samples: dict[str, list] = {name: [] for name in runs}
+    first, second = compared
+    for k in range(n):
+        names = [name for name in runs if name not in compared] + ([first, second] if k % 2 == 0 else [second, first])
+        shift = (k // 2) % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(runs[name]())
+    return samples
+
+
+def _drop_grads(module: torch.nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
 
 
 def _parse_case(text: str) -> tuple[str, int, tuple[float, ...]]:
@@ -93,7 +119,7 @@ def _parse_case(text: str) -> tuple[str, int, tuple[float, ...]]:
     return parsed
 
 
-def run_case(base: ModuleType, name: str, batch_size: int, fractions, steps: int | None, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
+def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, fractions, steps: int | None, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
     profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
@@ -110,40 +136,43 @@ def run_case(base: ModuleType, name: str, batch_size: int, fractions, steps: int
                 rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": solved.status, "message": solved.message})
                 continue
             schedule = solved.schedule
-        plain = copy.deepcopy(model.module)
+        # One copy of the model for every kind of step: where a copy's tensors lie in memory moves a small
+        # step by a few hundred microseconds (bench_execute.py's plain_control_vs_plain), which two copies
+        # would add to the difference. The gradients are reset before each step; the steps run one after
+        # the other.
+        shared = copy.deepcopy(model.module)
+        reference = copy.deepcopy(model.module)  # (for the first steps' gradients only)
         executors = {
-            "base": base.ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir),
-            "new": ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir),
+            "base": base.ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir),
+            "new": new.ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir),
         }
-        hand = HandStep(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
         rng = torch.get_rng_state()  # (the same random numbers for every first step: the encoder's dropout)
-        _plain(plain, model.inputs, model.targets, model.loss_fn)
+        _plain(reference, model.inputs, model.targets, model.loss_fn)
         grads_equal = {}
         for key, executor in executors.items():
+            _drop_grads(shared)
             torch.set_rng_state(rng)
             executor.step(model.inputs, model.targets)
-            grads_equal[key] = _same_grads(plain, executor.module)
+            grads_equal[key] = _same_grads(reference, shared)
 
         def executor_step(executor) -> float:
-            for p in executor.params:
-                p.grad = None
+            _drop_grads(shared)
             start = time.thread_time()
             result = executor.step(model.inputs, model.targets)
             return time.thread_time() - start - getattr(result, "paging_cpu_s", 0.0)
 
         def hand_step() -> float:
-            for p in hand.module.parameters():
-                p.grad = None
+            _drop_grads(shared)
             cpu, _, paging = hand.step(model.inputs, model.targets)
             return cpu - paging
 
         def plain_step() -> float:
-            for p in plain.parameters():
-                p.grad = None
-            return _plain(plain, model.inputs, model.targets, model.loss_fn)[1]
+            _drop_grads(shared)
+            return _plain(shared, model.inputs, model.targets, model.loss_fn)[1]
 
         runs = {"plain": plain_step, "hand": hand_step, **{key: (lambda ex=ex: executor_step(ex)) for key, ex in executors.items()}}
-        samples = {key: values[WARMUP:] for key, values in _interleaved(runs, n_steps + WARMUP).items()}
+        samples = {key: values[WARMUP:] for key, values in _rounds(runs, ("base", "new"), n_steps + WARMUP).items()}
         hand.close()
         plain_s, hand_s = statistics.median(samples["plain"]), statistics.median(samples["hand"])
         row = {
@@ -186,14 +215,15 @@ def main() -> None:
     cases = args.cases or [_parse_case(c) for c in CASES]
     revision = _git("rev-parse", "--verify", f"{args.base}^{{commit}}").strip()
     tree_changed = bool(_git("status", "--porcelain", "--", "src/poetlab/execute.py").strip())
-    base = load_base_executor(revision)
+    base = load_executor(_git("show", f"{revision}:src/poetlab/execute.py"), "base")
+    new = load_executor((ROOT / "src" / "poetlab" / "execute.py").read_text(), "new")
     torch.set_num_threads(1)  # as profiled
     torch.use_deterministic_algorithms(True)
     retained = retain_freed_memory()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm(cases, desc="executor A/B"):
-            rows += run_case(base, name, batch_size, fractions, args.steps, args.time_limit, paging_dir)
+            rows += run_case(base, new, name, batch_size, fractions, args.steps, args.time_limit, paging_dir)
     write_json_atomic(args.out, {
         "benchmark": "ab_execute",
         "base": revision,
