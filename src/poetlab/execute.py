@@ -1239,8 +1239,7 @@ class _Run:
         for record in st.held:
             record.refs += 1 if in_ram else -1
             if record.refs == 0:
-                if record.pending is not None:
-                    self._wait(record)
+                self._wait(record)
                 record.storage.resize_(0)
 
     def _page_in(self, i: int) -> None:
@@ -1416,7 +1415,7 @@ class _Run:
             for source in sources:
                 t = packs[source[1]] if source[0] == "pack" else _tensors(values[source[1]])[source[2]]  # type: ignore[index]
                 storage = t.untyped_storage()
-                record = records[storage._cdata] = _Storage(storage, storage.nbytes(), i, source)  # (_key, inlined)
+                record = records[_key(storage)] = _Storage(storage, storage.nbytes(), i, source)
                 owned.append(record)
             st.owned = st.held = tuple(owned)
         elif not managed and not any(key in self.records for key in keys):
@@ -1524,11 +1523,10 @@ class _Run:
             if len(recorded) != st.n_packs:
                 raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
             for record in st.owned:
-                if record.pending is not None:
-                    self._wait(record)
-                nbytes, where = record.nbytes, record.source
-                if record.storage.nbytes() == nbytes:
+                self._wait(record)
+                if record.materialized:
                     continue  # still held by a view that stayed in RAM
+                nbytes, where = record.nbytes, record.source
                 source = (recorded[where[1]] if where[0] == "pack" else _tensors(values[where[1]])[where[2]]).untyped_storage()
                 if source.nbytes() != nbytes:
                     raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {nbytes}")
