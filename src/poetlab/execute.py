@@ -48,7 +48,9 @@ operations that need the step's work (a free of a managed node, a page-out); the
 operations that need none (frees of unmanaged nodes, the gradients autograd computes) is replayed in
 one loop, in the forward and the backward pass alike. The first step that succeeds shows which
 backward nodes' pre-hooks have work to do and which readers of managed nodes need their reads checked;
-the steps after it hook and check only those (:meth:`ScheduleExecutor._learn`). The machinery's cost
+the steps after it hook and check only those, and leave the last free of a node nobody else holds to
+autograd once the step has no more use for it (:func:`_handovers`), so that the pre-hooks that only
+freed go too (:meth:`ScheduleExecutor._learn`). The machinery's cost
 then follows what the schedule asks for rather than the model's size: a checkpoint-all schedule runs at a
 plain step's speed (within the measurement noise of a few percent, ``benchmarks/bench_execute.py``),
 and each node the schedule does manage costs tens of microseconds of Python (hooks on each tensor
@@ -355,14 +357,15 @@ def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, in
     """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`_Run._replay`, when it is one for
     which the step has nothing to do but count: a compute (of a node whose work is done elsewhere: a
     segment's, a gradient autograd computes; the caller decides), a "recompute" of the caller's batch
-    (which never left), or a free of an unmanaged node, a gradient or the batch (the last counted as
-    skipped, as :meth:`_Run._do` does). None when the operation needs real work."""
+    (which never left), a free of an unmanaged node, a gradient or the batch (the last counted as
+    skipped, as :meth:`_Run._do` does), or a free whose memory autograd gives back by itself (a node handed
+    over: :func:`_handovers`). None when the operation needs real work."""
     i, inputs = op.node, ex.binding.inputs
     if op.kind is OpKind.COMPUTE:
         return (i, _RECOMPUTED_BATCH if i in inputs and ex._computed_at[i] != position else _COMPUTE)
     if op.kind is OpKind.FREE and i in inputs:
         return (i, _SKIPPED_FREE)
-    if op.kind is OpKind.FREE and i not in ex._managed and i not in ex._kept:
+    if op.kind is OpKind.FREE and ((i not in ex._managed and i not in ex._kept) or position in ex._handed_frees):
         return (i, _FREE)
     return None
 
@@ -392,6 +395,43 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
         if events[position] is not None:
             ends[position] = ends[position + 1]
     return tuple(events), tuple(ends)
+
+
+def _handovers(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
+    """The nodes whose last free the step can leave to autograd, each with ``(use, free)``: the position
+    after whose operation the step has no more use for the node, and that of the free.
+
+    A managed or kept node whose last operation is a free in the backward pass, after the step's last use
+    of it there (its own rerun or page-in, or the rerun of a node that reads it), is from then on held by
+    autograd alone, in what it saved: autograd lets go of it as the last backward node that reads it has
+    run, which the schedule's free follows. Once the step drops its own references right after that use
+    (:meth:`_Run._hand_over`), the free is bookkeeping (:func:`_bookkeeping`), and a backward pre-hook
+    that had only such frees to do is not needed any more (:meth:`ScheduleExecutor._learn`). Nodes that
+    are compressed are left out (their copies are the step's to drop)."""
+    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
+    start = ex._backward_start
+    last_use: dict[int, int] = {}
+    last_op: dict[int, tuple[int, Op]] = {}
+    compressed: set[int] = set()
+    for position, op in enumerate(ops):
+        i = op.node
+        if binding.forward_of[i] is not None:
+            continue
+        if op.kind in _COMPRESSION_OPS:
+            compressed.add(i)
+        last_op[i] = (position, op)
+        if op.kind is not OpKind.FREE:
+            last_use[i] = position
+        if op.kind is OpKind.COMPUTE:  # (a forward node's compute reads its inputs: the step's use of them)
+            for k in nodes[i].inputs:
+                last_use[k] = position
+    found = {}
+    for k in (ex._managed | ex._kept) - binding.inputs - compressed:
+        free, op = last_op[k]
+        use = last_use.get(k, -1)
+        if op.kind is OpKind.FREE and start <= use < free:
+            found[k] = (use, free)
+    return found
 
 
 #: what a segment does by calling into the step (:meth:`_Run._do`): none of it takes a node out of RAM
@@ -724,10 +764,15 @@ class ScheduleExecutor:
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
         # where each node is first computed
         self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
+        self._handed_frees = frozenset()  # (none until a step has run: _learn)
         self._segments = _segments(self)
         # the position of the first backward compute (the schedule's end if there is none)
         self._backward_start = next(
             (p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is not None), len(schedule.ops))
+        # the nodes whose last free can be left to autograd (_handovers), and, once a step has shown which of
+        # them nobody else holds (_learn), the positions after which each is handed over, and their frees
+        self._handover_candidates = _handovers(self)
+        self._handover: dict[int, tuple[int, ...]] = {}
         self._events, self._bookkeeping_end = _backward_runs(self)
         self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
         self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
@@ -821,6 +866,10 @@ class ScheduleExecutor:
           only storages of its own (no view of another node's) finds them where the first step did: the
           same values and saved tensors, by position (``run.owned_sources``), without sorting out which
           of the others are constants, other nodes' or duplicates.
+          Then, too, the managed and kept nodes that no other node holds (``run.shared``, ``run.viewing``)
+          are handed over to autograd after the step's last use of them (:func:`_handovers`): their last
+          frees become bookkeeping, and a pre-hook that had only such frees to do goes (on MobileNetV2 x2
+          at half of checkpoint-all's peak, 6 of 13: each rerun's free and its inputs' frees).
         - Only the parameters and buffers that those nodes met (saved, or returned as values) need their
           storages looked up (:attr:`_Run.constant_keys`): the same code reads the same tensors every step.
           Their storages are still looked up on every step, since ``p.data = ...`` replaces one.
@@ -831,11 +880,23 @@ class ScheduleExecutor:
         self._learnt = True
         met = run.constants_met
         self._constants_met = [t for t in self.constants if _key(t.untyped_storage()) in met]
-        hook_at, packed = frozenset(run.worked), self._packed
+        packed = self._packed
         if not self.prefetch and run.n_unplanned == 0:
             packed = self._managed | frozenset(run.viewing)
             self._unchecked_reads = True
             self._owned_sources = {i: sources for i, sources in run.owned_sources.items() if sources is not None}
+            handed = {
+                k: positions for k, positions in self._handover_candidates.items()
+                if k not in run.shared and k not in run.viewing and (k in self._kept or k in self._owned_sources)
+            }
+            if handed:
+                after: dict[int, tuple[int, ...]] = {}
+                for k, (use, _) in sorted(handed.items()):
+                    after[use] = (*after.get(use, ()), k)
+                self._handover, self._handed_frees = after, frozenset(free for _, free in handed.values())
+                self._events, self._bookkeeping_end = _backward_runs(self)
+                self._last_run = self._bookkeeping_end.index(len(self.schedule.ops))
+        hook_at = frozenset(j for j, positions in run.worked.items() if not self._handed_frees.issuperset(positions))
         if (hook_at, packed) != (self._hook_at, self._packed_now):
             self._hook_at, self._packed_now = hook_at, packed
             self._segments = _segments(self)  # (their code registers pre-hooks and switches the saved-tensor hooks)
@@ -933,7 +994,10 @@ class _Run:
         self.rng_before: torch.Tensor | None = None
         self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
-        self.worked: set[int] = set()  # backward nodes whose pre-hook had work to do (ScheduleExecutor._learn)
+        # backward nodes whose pre-hook had work to do, and the positions of the operations that had it
+        # (ScheduleExecutor._learn)
+        self.worked: dict[int, list[int]] = {}
+        self.shared: set[int] = set()  # managed or kept nodes whose storages other nodes hold too (_handovers)
         self.viewing: set[int] = set()  # unmanaged nodes whose values are views of managed memory
         # the sources (_Storage.source) of the storages each managed node owned, None where it also held
         # another node's (ScheduleExecutor._learn)
@@ -1030,8 +1094,9 @@ class _Run:
         position = self.ex._computed_at.get(j, -1)
         if position < self.cursor:
             raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
-        if self._advance(position + 1):
-            self.worked.add(j)
+        worked = self._advance(position + 1)
+        if worked:
+            self.worked[j] = worked
 
     def _advance_to_end(self) -> None:
         """Perform the rest of the schedule after the backward pass; its last run of bookkeeping as the
@@ -1056,21 +1121,25 @@ class _Run:
             self.planned_peak = max(peak, self.planned_peak)
         self.cursor = len(self.ex.schedule.ops)
 
-    def _advance(self, stop: int) -> bool:
+    def _advance(self, stop: int) -> list[int]:
         """Perform the schedule's operations up to position ``stop`` (exclusive): runs of bookkeeping at
-        once (:func:`_backward_runs`), the others one by one. Whether any of them had work to do (more than
-        counting: an operation of :meth:`_do`, or a storage freed)."""
-        ops, events, ends = self.ex.schedule.ops, self.ex._events, self.ex._bookkeeping_end
-        worked = False
+        once (:func:`_backward_runs`), the others one by one, each followed by the hand-overs due after it
+        (:func:`_handovers`). The positions of those that had work to do (more than counting: an operation of
+        :meth:`_do`, or the frees of a run of bookkeeping that freed a storage)."""
+        ops, events, ends, handover = self.ex.schedule.ops, self.ex._events, self.ex._bookkeeping_end, self.ex._handover
+        worked: list[int] = []
         while self.cursor < stop:
             end = min(ends[self.cursor], stop)
             if end > self.cursor:
-                worked |= self._replay(events[self.cursor:end])
+                if self._replay(events[self.cursor:end]):
+                    worked += [p for p in range(self.cursor, end) if ops[p].kind is OpKind.FREE]
                 self.cursor = end
             else:
                 self._do(ops[self.cursor])
+                worked.append(self.cursor)
+                for k in handover.get(self.cursor, ()):
+                    self._hand_over(k)
                 self.cursor += 1
-                worked = True
         return worked
 
     def _do(self, op: Op) -> None:
@@ -1223,6 +1292,16 @@ class _Run:
             if self.unmanaged_keys.get(key) == i:
                 del self.unmanaged_keys[key]
         self.state[i].unmanaged_keys = ()
+
+    def _hand_over(self, i: int) -> None:
+        """The step has no more use for node ``i`` (:func:`_handovers`): drop its values and the records of
+        its storages, leaving them to autograd, which lets go of them after the last backward node that
+        reads them. Its free is then counted only; it stays in RAM for the planned bytes until then."""
+        st = self.state[i]
+        for record in st.owned:
+            del self.records[_key(record.storage)]
+        st.owned = st.held = st.paged = ()
+        self._drop_values(i)
 
     def _set_in_ram(self, i: int, in_ram: bool) -> None:
         """Node ``i`` enters or leaves RAM: count its storages' users, free those nobody holds."""
@@ -1451,6 +1530,7 @@ class _Run:
                     self.records[key] = record
                 elif record.owner != i:
                     own_only = False  # (a view of another node's storage)
+                    self.shared.add(record.owner)
                 held[key] = record
             st.held = tuple(held.values())
             if managed and not self.ex._learnt:
@@ -1465,6 +1545,7 @@ class _Run:
         storage gets a record owned by the producer, held by it while it is in RAM, so that it is freed
         only when neither needs it."""
         st = self.state[producer]
+        self.shared.add(producer)
         record = _Storage(storage, storage.nbytes(), producer, ("value", self.ex._external[producer][-1], 0))
         st.owned += (record,)
         st.held += (record,)
