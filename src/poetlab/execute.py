@@ -764,15 +764,15 @@ class ScheduleExecutor:
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
         # where each node is first computed
         self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
-        self._handed_frees = frozenset()  # (none until a step has run: _learn)
+        # the nodes handed over to autograd after the step's last use of them, by that use's position, and
+        # the positions of their last frees (_handovers): none until a step has shown which (_learn)
+        self._handover: dict[int, tuple[int, ...]] = {}
+        self._handed_frees: frozenset[int] = frozenset()
         self._segments = _segments(self)
         # the position of the first backward compute (the schedule's end if there is none)
         self._backward_start = next(
             (p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is not None), len(schedule.ops))
-        # the nodes whose last free can be left to autograd (_handovers), and, once a step has shown which of
-        # them nobody else holds (_learn), the positions after which each is handed over, and their frees
-        self._handover_candidates = _handovers(self)
-        self._handover: dict[int, tuple[int, ...]] = {}
+        self._handover_candidates = _handovers(self)  # (those of them nobody else holds are handed over: _learn)
         self._events, self._bookkeeping_end = _backward_runs(self)
         self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
         self._tail: _Tail | None = None  # (learnt: _Run._advance_to_end, step)
@@ -886,7 +886,7 @@ class ScheduleExecutor:
             self._unchecked_reads = True
             self._owned_sources = {i: sources for i, sources in run.owned_sources.items() if sources is not None}
             handed = {
-                k: positions for k, positions in self._handover_candidates.items()
+                k: use_and_free for k, use_and_free in self._handover_candidates.items()
                 if k not in run.shared and k not in run.viewing and (k in self._kept or k in self._owned_sources)
             }
             if handed:
