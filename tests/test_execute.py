@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _Run, execute, memory_allowance_bytes
+from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _Run, _segments, execute, memory_allowance_bytes
 from poetlab.baselines import capuchin
 from poetlab.baselines.base import Budgets
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -653,19 +653,24 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypa
     loss_fn = nn.CrossEntropyLoss()
     schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "resnet" else 0.95) * _full(graph, costs))
     owned: list[dict[int, list[tuple]]] = []
-    real_go, real_finish = _Run.go, _Run._finish
+    real_go, real_finish, real_finish_owned = _Run.go, _Run._finish, _Run._finish_owned
 
     def go(run):
         owned.append({})
         real_go(run)
 
-    def finish(run, i, *args):  # (what a node owns, as it finishes its first run: a step may hand it over later)
-        real_finish(run, i, *args)
+    def finish(run, i, *args, **kwargs):  # (what a node owns, as it finishes its first run: a step may hand it over later)
+        real_finish(run, i, *args, **kwargs)
         if i in run.ex._managed:
             owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
 
+    def finish_owned(run, i, external):  # (the same, on the learnt steps' lean path)
+        real_finish_owned(run, i, external)
+        owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
+
     monkeypatch.setattr(_Run, "go", go)
     monkeypatch.setattr(_Run, "_finish", finish)
+    monkeypatch.setattr(_Run, "_finish_owned", finish_owned)
     executors = [ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn) for _ in range(2)]
     rng = torch.get_rng_state()
     for executor in executors:  # (from the same RNG state: the encoder's dropout)
@@ -674,7 +679,11 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypa
     unchecked, checked = executors
     assert unchecked._unchecked_reads and checked._unchecked_reads
     assert unchecked._owned_sources and set(unchecked._owned_sources) <= unchecked._managed
-    checked._unchecked_reads, checked._owned_sources = False, {}
+    # the encoder's managed nodes own only storages of their own: its segments take the lean path
+    # (_Run._finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
+    assert unchecked._tracking == (name == "resnet")
+    checked._unchecked_reads, checked._owned_sources, checked._owned_places, checked._tracking = False, {}, {}, True
+    checked._segments = _segments(checked)  # (their code tracks what the sorting out looks up: _compile_segment)
     owned.clear()
     rng = torch.get_rng_state()
     for executor in executors:

@@ -313,8 +313,11 @@ class _Segment:
       ``run._do_at(position)``; the events since the last call are replayed (``run._replay``) before each
       call, so that the planned bytes are counted in the schedule's order;
     - unmanaged nodes whose storages a packed node of the segment may save or view are made known by key
-      (``run._track``) as soon as they have run; autograd pre-hooks that drive the backward pass are
-      registered right after the nodes they hook (``run._hook_backward``).
+      (``run._track``) as soon as they have run, unless that node finds its storages where the first step
+      did (:meth:`ScheduleExecutor._learn`); the autograd nodes that get the pre-hooks driving the backward
+      pass are collected as the nodes they hook have run (by the code itself once the first step has
+      shown that their values are tensors, else ``run._hook_backward``), and hooked after the run;
+    - the parameters and buffers read as attributes (``get_attr``) are the code's own.
 
     ``run(env, run)`` pops the values of ``deps`` from the list ``env`` (last first) and returns those of
     ``outputs``: the fx nodes the step reads after the segment (the model's later nodes, or a recompute:
@@ -495,17 +498,23 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
     deps = _outside_inputs(members)
-    # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to forget them)
-    tracked = {k for i in computed if i in packed for k in nodes[i].inputs} & in_segment - packed
+    # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to
+    # forget them); not for a packed node that finds its storages where the first step did (_learn)
+    tracked = {k for i in computed if i in packed and i not in ex._owned_sources for k in nodes[i].inputs} & in_segment - packed
     keep = {i for i in computed if i in ex._managed or (i not in freed and i in ex._kept)}
     outputs = [
         m.name for i in computed for m in binding.members[i]
         if m.name in ex._external[i] and (i in keep or (i not in freed and any(u.name not in inside for u in m.users)))
     ]
+    # the parameters and buffers it reads as attributes, in its own code (not looked up by the step)
+    attributes = [d for d in deps.values() if d.op == "get_attr" and d.name not in ex._group_of]
+    looked_up = [d for d in deps.values() if d not in attributes]
     sub = fx.Graph()
     env_list, run = sub.placeholder("env"), sub.placeholder("run")
-    env: dict[fx.Node, fx.Node] = {d: sub.call_method("pop", (env_list,)) for d in reversed(deps.values())}
+    env: dict[fx.Node, fx.Node] = {d: sub.node_copy(d) for d in attributes}
+    env.update({d: sub.call_method("pop", (env_list,)) for d in reversed(looked_up)})
     events: list[tuple[int, int]] = []
+    pending_hooks: fx.Node | None = None
 
     def call(method: str, *args: object) -> None:
         if events:
@@ -523,30 +532,39 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
             else:
                 events.append(event)
             continue
+        # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair)
+        owned = i in ex._owned_places and not ex._tracking
         if i in packed:
-            call("_begin", i, True)
+            call("_begin_owned", i) if owned else call("_begin", i, True)
         for m in binding.members[i]:
             env[m] = sub.node_copy(m, lambda n: env[n])
         external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
         if i in packed:
-            sub.call_method("_finish_in_segment", (run, i, external))
+            sub.call_method("_finish_owned" if owned else "_finish_in_segment", (run, i, external))
             continue
         events.append((i, _COMPUTE))
         if i in tracked:
             sub.call_method("_track", (run, i, external))
-        if binding.backward_of_forward.get(i) in ex._hook_at:
+        j = binding.backward_of_forward.get(i)
+        if j in ex._hook_at and ex._tensor_valued.get(i):
+            # its outputs' autograd nodes collected here, hooked after the segment (_Run._hook_pending)
+            if pending_hooks is None:
+                pending_hooks = sub.call_function(getattr, (run, "pending_hooks"))
+            fns = tuple(sub.call_function(getattr, (v, "grad_fn")) for v in external)
+            sub.call_method("append", (pending_hooks, (j, fns)))
+        elif j in ex._hook_at:
             sub.call_method("_hook_backward", (run, i, external))
     sub.output(tuple(env[m] for m in members if m.name in outputs))
     module = _generated(ex.gm, sub)
     return _Segment(
         start=start,
         end=end,
-        deps=tuple(deps.values()),
+        deps=tuple(looked_up),
         freed_before=tuple(sorted(freed - in_segment - ex._managed - binding.inputs)),
         outputs=tuple(outputs),
         escaping=tuple(
             (i, names) for i in computed
-            if i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
+            if ex._tracking and i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
         ),
         events=tuple(events),
         run=module.forward,
@@ -725,6 +743,9 @@ class ScheduleExecutor:
         # whether each forward node draws random numbers (dropout), learnt on the first step: a node that
         # does has the RNG state before it kept, to replay on a recompute
         self.draws_rng: dict[int, bool] = {}
+        # whether each hooked forward node's values (its external fx nodes') are tensors, learnt on the first
+        # step: the segments' code then collects their autograd nodes itself (_compile_segment)
+        self._tensor_valued: dict[int, bool] = {}
         self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         # each input node's fx names and the positions of the caller's inputs they take (a traced graph's
         # input nodes are one placeholder each: poetlab.trace)
@@ -759,6 +780,11 @@ class ScheduleExecutor:
         # each managed node owns (learnt: _learn)
         self._unchecked_reads = False
         self._owned_sources: dict[int, tuple[tuple, ...]] = {}
+        # the same, as (from its saved tensors?, index there or among its external values, tensor index)
+        self._owned_places: dict[int, tuple[tuple[bool, int, int], ...]] = {}
+        # whether unmanaged nodes' storages are made known by key (_Run._track_values): until a step has
+        # shown that every packed node finds its storages by position, which then look none up (_learn)
+        self._tracking = True
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
@@ -865,7 +891,9 @@ class ScheduleExecutor:
           record to check each read against (:meth:`_Run._pack_unchecked`), and a managed node that owned
           only storages of its own (no view of another node's) finds them where the first step did: the
           same values and saved tensors, by position (``run.owned_sources``), without sorting out which
-          of the others are constants, other nodes' or duplicates.
+          of the others are constants, other nodes' or duplicates. When every packed node is such a node,
+          no storage of an unmanaged node is looked up by key any more, so none is made known
+          (``_tracking``), and the segments' code collects the autograd nodes to hook itself.
           Then, too, the managed and kept nodes that no other node holds (``run.shared``, ``run.viewing``)
           are handed over to autograd after the step's last use of them (:func:`_handovers`): their last
           frees become bookkeeping, and a pre-hook that had only such frees to do goes (on MobileNetV2 x2
@@ -885,6 +913,11 @@ class ScheduleExecutor:
             packed = self._managed | frozenset(run.viewing)
             self._unchecked_reads = True
             self._owned_sources = {i: sources for i, sources in run.owned_sources.items() if sources is not None}
+            self._tracking = not packed <= self._owned_sources.keys()
+            self._owned_places = {
+                i: tuple((True, s[1], 0) if s[0] == "pack" else (False, self._external[i].index(s[1]), s[2]) for s in sources)
+                for i, sources in self._owned_sources.items()
+            }
             handed = {
                 k: use_and_free for k, use_and_free in self._handover_candidates.items()
                 if k not in run.shared and k not in run.viewing and (k in self._kept or k in self._owned_sources)
@@ -897,9 +930,9 @@ class ScheduleExecutor:
                 self._events, self._bookkeeping_end = _backward_runs(self)
                 self._last_run = self._bookkeeping_end.index(len(self.schedule.ops))
         hook_at = frozenset(j for j, positions in run.worked.items() if not self._handed_frees.issuperset(positions))
-        if (hook_at, packed) != (self._hook_at, self._packed_now):
-            self._hook_at, self._packed_now = hook_at, packed
-            self._segments = _segments(self)  # (their code registers pre-hooks and switches the saved-tensor hooks)
+        self._hook_at, self._packed_now = hook_at, packed
+        # (their code registers pre-hooks, switches the saved-tensor hooks and tracks storages as this showed)
+        self._segments = _segments(self)
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, inputs: torch.Tensor | Sequence[torch.Tensor], targets: object, *, measure_memory: bool = False) -> ExecutionResult:
@@ -993,7 +1026,12 @@ class _Run:
         self.packs: list[torch.Tensor] | None = None  # (every tensor the running node saved: _pack_unchecked)
         self.rng_before: torch.Tensor | None = None
         self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
+        self.owned_hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (_begin_owned)
         self.seen_fns: set[object] = set()
+        # (backward node, the autograd nodes to hook for it) collected by a segment, hooked after it: one
+        # pre-hook registered after another costs a few microseconds, one between the forward pass's
+        # operations, on the cold cache they leave, 15-20 (_hook_pending)
+        self.pending_hooks: list[tuple[int, tuple[object, ...]]] = []
         # backward nodes whose pre-hook had work to do, and the positions of the operations that had it
         # (ScheduleExecutor._learn)
         self.worked: dict[int, list[int]] = {}
@@ -1045,6 +1083,7 @@ class _Run:
         # saved (their records): cycles through C++, which Python's collector cannot see. Drop our side
         # of them, the loss too (a backward pass that failed midway leaves its graph behind).
         self.seen_fns.clear()
+        self.pending_hooks.clear()
         self.loss = None
 
     # -- driving the schedule -------------------------------------------------------------------
@@ -1052,17 +1091,18 @@ class _Run:
         ops = self.ex.schedule.ops
         forward_of = self.ex.binding.forward_of
         segments = self.ex._segments
-        while self.cursor < len(ops):
-            segment = segments.get(self.cursor)
-            if segment is not None:
-                self._run_segment(segment)
-                self.cursor = segment.end
-                continue
-            op = ops[self.cursor]
-            if op.kind is OpKind.COMPUTE and forward_of[op.node] is not None:
-                break  # the first backward compute: autograd's engine takes over from here
-            self._do(op)
-            self.cursor += 1
+        with torch.enable_grad():  # (the forward pass builds autograd's graph whatever the caller's mode: once)
+            while self.cursor < len(ops):
+                segment = segments.get(self.cursor)
+                if segment is not None:
+                    self._run_segment(segment)
+                    self.cursor = segment.end
+                    continue
+                op = ops[self.cursor]
+                if op.kind is OpKind.COMPUTE and forward_of[op.node] is not None:
+                    break  # the first backward compute: autograd's engine takes over from here
+                self._do(op)
+                self.cursor += 1
         if self.loss is None:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
         # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
@@ -1193,8 +1233,9 @@ class _Run:
         env = [self._resolve(d, {}, False, reader) for d in segment.deps]
         for i in segment.freed_before:  # handed over: the generated code drops them at their last use
             self._drop_values(i)
-        with torch.enable_grad():
-            results = segment.run(env, self)
+        results = segment.run(env, self)  # (grad mode: go)
+        if self.pending_hooks:
+            self._hook_pending()
         values = dict(zip(segment.outputs, results, strict=True))
         del results
         self.values.update(values)
@@ -1298,8 +1339,9 @@ class _Run:
         its storages, leaving them to autograd, which lets go of them after the last backward node that
         reads them. Its free is then counted only; it stays in RAM for the planned bytes until then."""
         st = self.state[i]
-        for record in st.owned:
-            del self.records[_key(record.storage)]
+        if self.ex._tracking:  # (else none was entered: _finish_owned)
+            for record in st.owned:
+                del self.records[_key(record.storage)]
         st.owned = st.held = st.paged = ()
         self._drop_values(i)
 
@@ -1426,8 +1468,11 @@ class _Run:
             self._take_batch(i)
             return
         self._begin(i, i in self.ex._packed_now)
-        with torch.enable_grad():  # (if it fails, close() switches the hooks off)
+        if torch.is_grad_enabled():  # (the forward pass: go; if it fails, close() switches the hooks off)
             values, out = self._run_group(i, detach=False)
+        else:
+            with torch.enable_grad():
+                values, out = self._run_group(i, detach=False)
         self.values.update(values)
         if i == self.ex.binding.loss:
             self.loss = out
@@ -1444,7 +1489,8 @@ class _Run:
         self.batch_keys.update(keys)
         if self._constant_keys is not None:
             self._constant_keys |= self.batch_keys
-        self._track_values(i, keys)
+        if self.ex._tracking:
+            self._track_values(i, keys)
         self.state[i].computed = True
         self._set_in_ram(i, True)
 
@@ -1462,6 +1508,43 @@ class _Run:
                 self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.hooks.__enter__()
 
+    def _begin_owned(self, i: int) -> None:
+        """:meth:`_begin` for a managed node that finds its storages where the first step did, nothing
+        tracked (:meth:`_finish_owned`): the RNG state only where the node draws random numbers, and one
+        saved-tensor hooks object for the step's such nodes."""
+        self.rng_before = torch.get_rng_state() if self.ex.draws_rng[i] else None
+        self.current, self.packs = i, []
+        if self.owned_hooks is None:
+            self.owned_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_unchecked, _unpack_unchecked)
+        self.hooks = self.owned_hooks
+        self.hooks.__enter__()
+
+    def _finish_owned(self, i: int, external: list[object]) -> None:
+        """:meth:`_finish_in_segment` for such a node (:meth:`_begin_owned`). Its storages are taken
+        from their places among its saved tensors and values (``ScheduleExecutor._owned_places``), and
+        not entered in :attr:`records` by key: once nothing is tracked, nothing looks one up (the
+        checked reads and the sorting out of other nodes' storages do; :meth:`ScheduleExecutor._learn`).
+        Of :meth:`_finish`'s ~25 us a node on the cold cache a forward pass leaves (MobileNetV2 x2),
+        about a third was that and the general path's dispatch."""
+        self._end_hooks()
+        packs, self.packs = self.packs, None
+        st = self.state[i]
+        st.n_packs = len(packs)  # type: ignore[arg-type]
+        st.rng_state = self.rng_before
+        self.n_computes += 1
+        owned = []
+        for from_pack, index, k in self.ex._owned_places[i]:
+            t = packs[index] if from_pack else external[index]  # type: ignore[index]
+            if not isinstance(t, torch.Tensor):
+                t = _tensors(t)[k]
+            storage = t.untyped_storage()
+            owned.append(_Storage(storage, storage.nbytes(), i, self.ex._owned_sources[i][len(owned)]))
+        st.owned = st.held = tuple(owned)
+        st.computed = True
+        self._set_in_ram(i, True)
+        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
+            self._hook_backward(i, external, defer=True)
+
     def _end_hooks(self) -> None:
         hooks, self.hooks, self.current = self.hooks, None, None
         if hooks is not None:
@@ -1469,9 +1552,9 @@ class _Run:
 
     def _finish_in_segment(self, i: int, external: Sequence[object]) -> None:
         self.n_computes += 1
-        self._finish(i, dict(zip(self.ex._external[i], external, strict=True)), list(external))
+        self._finish(i, dict(zip(self.ex._external[i], external, strict=True)), list(external), in_segment=True)
 
-    def _finish(self, i: int, values: dict[str, object], hooked: object) -> None:
+    def _finish(self, i: int, values: dict[str, object], hooked: object, in_segment: bool = False) -> None:
         """Forward node ``i`` has run (values: its external fx nodes'): hooks off, then record the
         storages it owns (its values' new storages and those autograd saved that nobody else made), count
         it in RAM and hook its backward node (on ``hooked``, its outputs) where the schedule needs it."""
@@ -1488,18 +1571,23 @@ class _Run:
             st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
         managed = i in self.ex._managed
         sources = self.ex._owned_sources.get(i) if packs is not None else None
-        keys = [] if managed else _storage_keys(values.values())
+        tracking = self.ex._tracking
+        keys = _storage_keys(values.values()) if tracking and not managed else []
         if sources is not None:
             owned, records = [], self.records
             for source in sources:
                 t = packs[source[1]] if source[0] == "pack" else _tensors(values[source[1]])[source[2]]  # type: ignore[index]
                 storage = t.untyped_storage()
-                record = records[_key(storage)] = _Storage(storage, storage.nbytes(), i, source)
+                record = _Storage(storage, storage.nbytes(), i, source)
+                if tracking:  # (else nothing looks it up: _finish_owned)
+                    records[_key(storage)] = record
                 owned.append(record)
             st.owned = st.held = tuple(owned)
-        elif not managed and not any(key in self.records for key in keys):
-            # unmanaged, and no view of a managed node's memory: autograd and reference counting free it
-            self._track_values(i, keys)
+        elif not managed and (not tracking or not any(key in self.records for key in keys)):
+            # unmanaged, and no view of a managed node's memory (learnt, when not tracking: nodes that view
+            # one are packed, _learn): autograd and reference counting free it
+            if tracking:
+                self._track_values(i, keys)
         else:
             if not managed:
                 self.viewing.add(i)
@@ -1538,7 +1626,7 @@ class _Run:
         st.computed = True
         self._set_in_ram(i, True)
         if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
-            self._hook_backward(i, hooked)
+            self._hook_backward(i, hooked, defer=in_segment)
 
     def _adopt(self, producer: int, storage: torch.UntypedStorage) -> _Storage:
         """A managed node's output shares unmanaged ``producer``'s memory (a view, an identity): the
@@ -1553,19 +1641,32 @@ class _Run:
             record.refs += 1
         return record
 
-    def _hook_backward(self, i: int, value: object) -> None:
-        """A pre-hook on the autograd nodes of forward node ``i``'s outputs, to drive the schedule. The
+    def _hook_backward(self, i: int, value: object, defer: bool = False) -> None:
+        """A pre-hook on the autograd nodes of forward node ``i``'s outputs (``value``), to drive the
+        schedule; registered after the segment that runs ``i`` when ``defer`` (:meth:`_hook_pending`). The
         engine runs a group's autograd nodes one after another in decreasing creation order, so the
         output's node, created last, is the first of the group to run."""
         j = self.ex.binding.backward_of_forward.get(i)
         if j is None:
             return
-        hook = lambda *_: self._advance_to_backward(j)  # noqa: E731
-        for t in _tensors(value):
-            fn = t.grad_fn
-            if fn is not None and fn not in self.seen_fns:
-                self.seen_fns.add(fn)
-                fn.register_prehook(hook)
+        if not self.ex._learnt and isinstance(value, list):
+            self.ex._tensor_valued[i] = all(isinstance(v, torch.Tensor) for v in value)
+        self.pending_hooks.append((j, tuple(t.grad_fn for t in _tensors(value))))
+        if not defer:
+            self._hook_pending()
+
+    def _hook_pending(self) -> None:
+        """Register the pre-hooks collected in :attr:`pending_hooks` (each autograd node once)."""
+        pending, self.pending_hooks = self.pending_hooks, []
+        hooks: dict[int, Callable[..., None]] = {}
+        for j, fns in pending:
+            hook = hooks.get(j)
+            if hook is None:
+                hook = hooks[j] = lambda *_, j=j: self._advance_to_backward(j)
+            for fn in fns:
+                if fn is not None and fn not in self.seen_fns:
+                    self.seen_fns.add(fn)
+                    fn.register_prehook(hook)
 
     def _recompute(self, i: int) -> None:
         """Rerun forward node ``i`` on its inputs and put the fresh bytes into its emptied storages."""
