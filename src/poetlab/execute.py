@@ -307,11 +307,12 @@ class _Segment:
     per operation, per fx node and per dependency) then happens once for the whole run:
 
     - a compute of a node without saved-tensor hooks is its fx nodes, and nothing else (its bookkeeping
-      is an event); a *packed* node's fx nodes run between ``run._begin`` and ``run._finish_in_segment``,
-      which switch the hooks on and record what the node owns, as :meth:`_Run._first_compute` does;
-    - frees of unmanaged nodes are events; frees of managed or kept nodes, page-outs and compressions are
-      ``run._do_at(position)``; the events since the last call are replayed (``run._replay``) before each
-      call, so that the planned bytes are counted in the schedule's order;
+      is an event); a *packed* node's fx nodes run between ``run._begin`` and ``run._finish_in_segment``
+      (once learnt, often the lean ``run._begin_owned`` and ``run._finish_owned``), which switch the hooks
+      on and record what the node owns, as :meth:`_Run._first_compute` does;
+    - frees of unmanaged nodes are events; frees of managed or kept nodes are ``run._free(node)``,
+      page-outs and compressions ``run._do_at(position)``; the events since the last call are replayed
+      (``run._replay``) before each call, so that the planned bytes are counted in the schedule's order;
     - unmanaged nodes whose storages a packed node of the segment may save or view are made known by key
       (``run._track``) as soon as they have run, unless that node finds its storages where the first step
       did (:meth:`ScheduleExecutor._learn`); the autograd nodes that get the pre-hooks driving the backward
@@ -527,7 +528,9 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
             bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked))
             event = _bookkeeping(ex, op, position) if bookkeeping else None
-            if event is None:
+            if event is None and op.kind is OpKind.FREE and i not in binding.inputs:
+                call("_free", i)  # (what _do does for it)
+            elif event is None:
                 call("_do_at", position)
             else:
                 events.append(event)
@@ -1208,9 +1211,7 @@ class _Run:
                 self._set_in_ram(i, op.kind is OpKind.PAGE_IN)
             return
         if op.kind is OpKind.FREE:
-            self._set_in_ram(i, False)
-            if i not in self.ex._managed:
-                self._drop_values(i)
+            self._free(i)
         elif op.kind is OpKind.PAGE_OUT:
             assert self.store is not None
             for record in st.owned:
@@ -1242,6 +1243,12 @@ class _Run:
         for i, names in segment.escaping:  # (only values read later can be seen again: by storage key)
             self._track(i, [values[name] for name in names])
         self._replay(segment.events)
+
+    def _free(self, i: int) -> None:
+        """The schedule frees forward node ``i`` (not the batch), as :meth:`_do` does."""
+        self._set_in_ram(i, False)
+        if i not in self.ex._managed:
+            self._drop_values(i)
 
     def _do_at(self, position: int) -> None:
         self._do(self.ex.schedule.ops[position])
@@ -1360,7 +1367,8 @@ class _Run:
         for record in st.held:
             record.refs += 1 if in_ram else -1
             if record.refs == 0:
-                self._wait(record)
+                if record.pending is not None:  # (a page-in in flight: _wait)
+                    self._wait(record)
                 record.storage.resize_(0)
 
     def _page_in(self, i: int) -> None:
@@ -1418,7 +1426,8 @@ class _Run:
             return local[dep.name]
         group = self.ex._group_of.get(dep.name)
         if group is not None:
-            self._need(group, reader)
+            if not self.ex._unchecked_reads:  # (once they are, the first step has found every read's bytes: _learn)
+                self._need(group, reader)
             value = self.values.get(dep.name, _MISSING)
             if value is _MISSING:  # (an unmanaged node's value goes at its free: the schedule freed it)
                 raise ExecutionError(f"{reader} reads {self.ex.graph.nodes[group].name}, which the schedule does not hold in RAM (freed); replay the schedule with poetlab.simulate")
@@ -1451,7 +1460,11 @@ class _Run:
         binding = self.ex.binding
         reader = self.ex.graph.nodes[i].name
         if i == binding.loss:
-            model_out = fx.node.map_arg(binding.output_arg, lambda d: self._resolve(d, {}, detach, reader))
+            output = binding.output_arg
+            if isinstance(output, fx.Node):  # (the usual single output: without map_arg's Python work)
+                model_out = self._resolve(output, {}, detach, reader)
+            else:
+                model_out = fx.node.map_arg(output, lambda d: self._resolve(d, {}, detach, reader))
             return {}, self.ex.loss_fn(model_out, self.targets)
         compiled = self.ex._compiled[i]
         if compiled is not None:
