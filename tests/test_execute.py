@@ -611,9 +611,9 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("resnet", False)])
 def test_the_forward_pass_runs_as_generated_functions(name, fuse):
-    """Checkpoint-all changes nothing PyTorch would not do: its whole forward pass between the batch and
-    the loss is one segment (one generated function), its backward pass one replay of bookkeeping, and
-    the step is plain autograd's. A remat schedule's segments also run the first computes of the nodes it
+    """Checkpoint-all changes nothing PyTorch would not do: its whole forward pass after the batch, the
+    loss included, is one segment (one generated function), its backward pass one replay of bookkeeping,
+    and the step is plain autograd's. A remat schedule's segments also run the first computes of the nodes it
     manages (and of their readers, under the saved-tensor hooks) and call into the step for its frees;
     the step is still autograd's, with every operation counted."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
@@ -622,12 +622,15 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     executor = ScheduleExecutor(copy.deepcopy(module), graph, full, loss_fn)
     forward = [op.node for op in full.ops if op.kind is OpKind.COMPUTE and not graph.nodes[op.node].is_backward]
     (segment,) = executor._segments.values()
-    assert [i for i, what in segment.events if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
+    code = segment.run.__self__
+    # (the bookkeeping before the loss's call into the step is replayed by the code, the rest after it)
+    replayed = [event for n in code.graph.nodes if n.op == "call_method" and n.target == "_replay" for event in n.args[1]]
+    assert [i for i, what in [*replayed, *segment.events] if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
+    assert [n.args[1] for n in code.graph.nodes if n.op == "call_method" and n.target == "_compute_loss"] == [executor.binding.loss]
     first_backward = next(p for p, op in enumerate(full.ops) if op.kind is OpKind.COMPUTE and graph.nodes[op.node].is_backward)
     assert executor._bookkeeping_end[first_backward] == len(full.ops)
     # the generated code calls the model's own modules (not copies: BatchNorm's statistics are the
     # model's), each one attribute of it away (fx's code walks the module path one getattr per part)
-    code = segment.run.__self__
     called = [n.target for n in code.graph.nodes if n.op == "call_module"]
     assert called and all("." not in target for target in called)
     assert {id(m) for m in code.children()} <= {id(m) for m in executor.module.modules()}

@@ -446,8 +446,8 @@ _SEGMENT_CALLS = frozenset({OpKind.FREE, OpKind.PAGE_OUT, OpKind.COMPRESS, OpKin
 def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
     """The forward pass's runs of two first computes or more (:class:`_Segment`), by their first position
     in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
-    batch's first compute, the loss's) and before a compute that reads a node the run has freed: that
-    compute starts the next run, whose dependencies are looked up (and checked) by the step."""
+    batch's first compute, the loss's while it is packed) and before a compute that reads a node the run
+    has freed: that compute starts the next run, whose dependencies are looked up (and checked) by the step."""
     ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
 
     def forward(i: int) -> bool:
@@ -455,7 +455,11 @@ def _segments(ex: "ScheduleExecutor") -> dict[int, _Segment]:
 
     def computable(position: int, op: Op) -> bool:  # (a first compute: recomputes are the step's)
         i = op.node
-        return op.kind is OpKind.COMPUTE and forward(i) and ex._computed_at[i] == position and all(m.op in _PLAIN_FX_OPS for m in binding.members[i])
+        if op.kind is not OpKind.COMPUTE or ex._computed_at.get(i) != position:
+            return False
+        if i == binding.loss:  # (run._compute_loss: not while its reads are checked)
+            return i not in ex._packed_now and i not in ex._managed
+        return forward(i) and all(m.op in _PLAIN_FX_OPS for m in binding.members[i])
 
     runs: list[tuple[int, int]] = []
     start, freed = None, set()
@@ -499,6 +503,12 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
     deps = _outside_inputs(members)
+    if binding.loss in in_segment:  # (the loss reads the model's outputs: fx nodes, no members of its own)
+        read: list[fx.Node] = []
+        fx.node.map_arg(binding.output_arg, read.append)
+        for d in read:
+            if d.name not in inside:
+                deps.setdefault(d.name, d)
     # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to
     # forget them); not for a packed node that finds its storages where the first step did (_learn)
     tracked = {k for i in computed if i in packed and i not in ex._owned_sources for k in nodes[i].inputs} & in_segment - packed
@@ -537,6 +547,9 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
             continue
         # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair)
         owned = i in ex._owned_places and not ex._tracking
+        if i == binding.loss:
+            call("_compute_loss", i, fx.node.map_arg(binding.output_arg, lambda n: env[n]))
+            continue
         if i in packed:
             call("_begin_owned", i) if owned else call("_begin", i, True)
         for m in binding.members[i]:
@@ -1492,17 +1505,28 @@ class _Run:
             self.loss_value = out.item()
         self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
 
+    def _compute_loss(self, i: int, model_out: object) -> None:
+        """The loss node ``i``'s first compute in a segment, on the model's outputs: what
+        :meth:`_first_compute` does for an unpacked loss, in one call."""
+        self.loss = loss = self.ex.loss_fn(model_out, self.targets)
+        self.loss_value = loss.item()
+        self.n_computes += 1
+        self.state[i].computed = True
+        self._set_in_ram(i, True)
+        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
+            self._hook_backward(i, loss, defer=True)
+
     def _take_batch(self, i: int) -> None:
         """Input node ``i`` (placeholders only): the caller's batch, never freed or paged, whose storages
         count as constants. Taken as it is, without the general path (~55 us against ~20 us on the cold
         cache at the start of a step: 0.7% of the encoder x8's)."""
         values = {name: self.inputs[k] for name, k in self.ex._batch_of[i]}
         self.values.update(values)
-        keys = _storage_keys(values.values())
-        self.batch_keys.update(keys)
-        if self._constant_keys is not None:
-            self._constant_keys |= self.batch_keys
-        if self.ex._tracking:
+        if self.ex._tracking:  # (else no storage is looked up by key: _learn)
+            keys = _storage_keys(values.values())
+            self.batch_keys.update(keys)
+            if self._constant_keys is not None:
+                self._constant_keys |= self.batch_keys
             self._track_values(i, keys)
         self.state[i].computed = True
         self._set_in_ram(i, True)
