@@ -657,6 +657,12 @@ def _detached(value: object) -> object:
 
 
 _MISSING = object()
+# autograd's saved-tensor hooks switched on and off without the context manager's three Python calls
+# (what ``torch.autograd.graph.saved_tensors_hooks`` does inside; ~1 us against ~1.6 warm, more on the cold
+# cache of a forward pass), for the learnt steps' lean paths: once per managed node and per rerun
+_push_saved_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_saved_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+_PUSHED = object()  # (_Run.hooks while hooks pushed that way are on)
 _COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED})
 
 
@@ -1041,8 +1047,7 @@ class _Run:
         self.pending_own: list[tuple[int, torch.Tensor]] = []
         self.packs: list[torch.Tensor] | None = None  # (every tensor the running node saved: _pack_unchecked)
         self.rng_before: torch.Tensor | None = None
-        self.hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (on while a packed node runs)
-        self.owned_hooks: torch.autograd.graph.saved_tensors_hooks | None = None  # (_begin_owned)
+        self.hooks: torch.autograd.graph.saved_tensors_hooks | object | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
         # (backward node, the autograd nodes to hook for it) collected by a segment, hooked after it: one
         # pre-hook registered after another costs a few microseconds, one between the forward pass's
@@ -1547,14 +1552,12 @@ class _Run:
 
     def _begin_owned(self, i: int) -> None:
         """:meth:`_begin` for a managed node that finds its storages where the first step did, nothing
-        tracked (:meth:`_finish_owned`): the RNG state only where the node draws random numbers, and one
-        saved-tensor hooks object for the step's such nodes."""
+        tracked (:meth:`_finish_owned`): the RNG state only where the node draws random numbers, and the
+        saved-tensor hooks pushed directly (:data:`_push_saved_hooks`)."""
         self.rng_before = torch.get_rng_state() if self.ex.draws_rng[i] else None
         self.current, self.packs = i, []
-        if self.owned_hooks is None:
-            self.owned_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_unchecked, _unpack_unchecked)
-        self.hooks = self.owned_hooks
-        self.hooks.__enter__()
+        _push_saved_hooks(self._pack_unchecked, _unpack_unchecked)
+        self.hooks = _PUSHED
 
     def _finish_owned(self, i: int, external: list[object]) -> None:
         """:meth:`_finish_in_segment` for such a node (:meth:`_begin_owned`). Its storages are taken
@@ -1584,7 +1587,9 @@ class _Run:
 
     def _end_hooks(self) -> None:
         hooks, self.hooks, self.current = self.hooks, None, None
-        if hooks is not None:
+        if hooks is _PUSHED:
+            _pop_saved_hooks()
+        elif hooks is not None:
             hooks.__exit__(None, None, None)
 
     def _finish_in_segment(self, i: int, external: Sequence[object]) -> None:
@@ -1728,10 +1733,14 @@ class _Run:
             rng_after = torch.get_rng_state()
             torch.set_rng_state(st.rng_state)
         start = time.thread_time()
+        grad_was = torch.is_grad_enabled()  # (off in the backward pass)
+        _push_saved_hooks(recorded.append, _never_unpacked)
         try:
-            with torch.autograd.graph.saved_tensors_hooks(recorded.append, _never_unpacked), torch.enable_grad():
-                values, _ = self._run_group(i, detach=True)
+            torch._C._set_grad_enabled(True)  # (torch.enable_grad's own call, without its two Python calls)
+            values, _ = self._run_group(i, detach=True)
         finally:
+            torch._C._set_grad_enabled(grad_was)
+            _pop_saved_hooks()
             self.recompute_cpu_s += time.thread_time() - start
             if rng_after is not None:
                 torch.set_rng_state(rng_after)
