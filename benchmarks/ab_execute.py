@@ -51,7 +51,7 @@ from poetlab.torch_models import TORCH_MODELS, build_torch_model
 from poetlab.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_execute import HandStep, _plain, _same_grads  # noqa: E402
+from bench_execute import HandStep, _drop_grads, _plain, _same_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "benchmarks" / "ab_execute.json"
@@ -99,11 +99,6 @@ def _rounds(runs: dict[str, object], compared: tuple[str, str], n: int) -> dict[
         for name in names[shift:] + names[:shift]:
             samples[name].append(runs[name]())
     return samples
-
-
-def _drop_grads(module: torch.nn.Module) -> None:
-    for p in module.parameters():
-        p.grad = None
 
 
 def _parse_case(text: str) -> tuple[str, int, tuple[float, ...]]:

@@ -8,7 +8,7 @@ real files with fsync, one thread), which gives the cost model of the simulator'
 MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
 recompute, no paging; ResNet-18 at 50% also by POET's paging-only arm, ``planner: paging_only``, since
 the free MILP pages or not from run to run) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
-steps on a copy of the same model (and with prefetching page-ins where the schedule pages), in a
+steps on the same copy of the model (and with prefetching page-ins where the schedule pages), in a
 rotating order (at least ``--repeats`` steps of each, and enough to time 1.5 s of plain steps, up to 100:
 a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
 process-wide, so for plain steps too), and each step's minor page faults are recorded
@@ -47,9 +47,10 @@ a plain step that does the schedule's reruns and paging by hand, without the exe
 (``hand_step_grads_equal`` checks it is the same step): ``hand_side_effect_vs_plain`` is its time less
 its reruns' and its paging calls' over a plain step, and ``machinery_overhead_vs_hand_step`` the
 executed step's CPU time less the hand step's (both without their paging calls' CPU time), over a plain
-step: the executor's own time with what recomputing and paging cost by themselves taken out. ``plain_control_vs_plain`` times a second copy of the plain
-model beside the first: the same steps on other memory differ by that much (where the copies lie moves a
-small step by a few hundred microseconds), the floor of every comparison in a case.
+step: the executor's own time with what recomputing and paging cost by themselves taken out. Plain,
+executed and hand steps all run on one copy of the model (gradients reset before each), as
+``ab_execute.py``'s do: ``plain_control_vs_plain`` times plain steps on a second copy beside them, and
+shows what that leaves out (where the copies lie moves a small step by a few hundred microseconds).
 
 The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
 so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
@@ -123,6 +124,11 @@ def _interleaved(runs: dict[str, object], repeats: int) -> dict[str, list]:
         for name in names[k % len(names):] + names[:k % len(names)]:
             samples[name].append(runs[name]())
     return samples
+
+
+def _drop_grads(module: torch.nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
 
 
 def _same_grads(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -290,53 +296,55 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
                 continue
             schedule, status = solved.schedule, solved.status
         predicted = simulate(schedule, graph, costs)
-        plain = copy.deepcopy(model.module)
-        scheduled = copy.deepcopy(model.module)
-        executor = ScheduleExecutor(scheduled, graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        # Every timed step (plain, executed, by hand) runs on one copy of the model, its gradients reset
+        # before each: where a copy's tensors lie in memory moves a small step by a few hundred
+        # microseconds (plain_control_vs_plain), which steps on different copies would add to their
+        # difference (as ab_execute.py does). ``reference`` only gives the first steps' gradients.
+        reference = copy.deepcopy(model.module)
+        shared = copy.deepcopy(model.module)
+        executor = ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
         # the first step of each: gradients compared bit for bit (same RNG state for dropout)
         rng = torch.get_rng_state()
-        _plain(plain, model.inputs, model.targets, model.loss_fn)
+        _plain(reference, model.inputs, model.targets, model.loss_fn)
         torch.set_rng_state(rng)
         first = executor.step(model.inputs, model.targets)
-        grads_equal = _same_grads(plain, scheduled)
-        reference = HandStep(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir)
-        # a second copy of the plain model, made last: plain steps on it against those on the first show
-        # what the copies' places in memory alone do to a step (seen here: a few hundred microseconds
-        # either way on MobileNetV2 x2), the floor below which no difference here means anything
+        grads_equal = _same_grads(reference, shared)
+        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        # a second copy of the plain model, made last: plain steps on it against those on the shared one
+        # show what the copies' places in memory alone do to a step (seen here: a few hundred microseconds
+        # either way on MobileNetV2 x2), what timing every step on one copy leaves out
         control = copy.deepcopy(model.module)
+        _drop_grads(shared)
         torch.set_rng_state(rng)
-        reference.step(model.inputs, model.targets)
-        reference_grads_equal = _same_grads(plain, reference.module)
+        hand.step(model.inputs, model.targets)
+        hand_grads_equal = _same_grads(reference, shared)
         prefetching = None
         if predicted.n_pageins:
-            prefetching = ScheduleExecutor(copy.deepcopy(model.module), graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
+            prefetching = ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
+            _drop_grads(shared)
             prefetching.step(model.inputs, model.targets)
 
         def plain_step():
-            for p in plain.parameters():
-                p.grad = None
+            _drop_grads(shared)
             faults = _page_faults()
-            return (*_plain(plain, model.inputs, model.targets, model.loss_fn), _page_faults() - faults)
+            return (*_plain(shared, model.inputs, model.targets, model.loss_fn), _page_faults() - faults)
 
         def scheduled_step(ex=executor):
-            for p in ex.params:
-                p.grad = None
+            _drop_grads(shared)
             faults, start = _page_faults(), time.perf_counter()
             stepped = ex.step(model.inputs, model.targets)
             return time.perf_counter() - start, stepped, _page_faults() - faults
 
         def control_step():
-            for p in control.parameters():
-                p.grad = None
+            _drop_grads(control)
             return _plain(control, model.inputs, model.targets, model.loss_fn)[1]
 
-        def reference_step():
-            for p in reference.module.parameters():
-                p.grad = None
-            return reference.step(model.inputs, model.targets)
+        def hand_step():
+            _drop_grads(shared)
+            return hand.step(model.inputs, model.targets)
 
         steps = _steps(repeats, profile.model.step_runtime_s)
-        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": reference_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, steps)
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": hand_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, steps)
         plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
         exec_s = [wall for wall, _, _ in timed["scheduled"]]
         exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
@@ -347,20 +355,18 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         exec_recompute_s = [stepped.recompute_cpu_s for _, stepped, _ in timed["scheduled"]]
         predicted_recompute_s = sum(float(costs.recompute_runtime_s[i]) for i in schedule.recomputed_nodes())  # (the batch's included)
         prefetch_s = [wall for wall, _, _ in timed.get("prefetch", [])]
-        reference.close()
+        hand.close()
         reference_cpu_s = [cpu for cpu, _, _ in timed["hand"]]
         reference_rerun_s = [rerun for _, rerun, _ in timed["hand"]]
         reference_paging_s = [paging for _, _, paging in timed["hand"]]
         reference_beyond_paging_s = [cpu - paging for cpu, _, paging in timed["hand"]]
         exec_beyond_paging_s = [stepped.cpu_s - stepped.paging_cpu_s for _, stepped, _ in timed["scheduled"]]
-        for p in scheduled.parameters():
-            p.grad = None
+        _drop_grads(shared)
         measured = executor.step(model.inputs, model.targets, measure_memory=True)
-        for p in plain.parameters():
-            p.grad = None
+        _drop_grads(reference)
         with measure_allocations() as plain_alloc:
-            model.loss_fn(plain(model.inputs), model.targets).backward()
-        plain_peak = plain_alloc.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
+            model.loss_fn(reference(model.inputs), model.targets).backward()
+        plain_peak = plain_alloc.peak_excluding(p.grad.data_ptr() for p in reference.parameters() if p.grad is not None)
         allowance = memory_allowance_bytes(model.module, graph)
         row = {
             "model": name,
@@ -403,9 +409,9 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "machinery_overhead_vs_plain": statistics.median(exec_own_s) / statistics.median(plain_cpu_s) - 1,
             "overhead_beyond_predicted_vs_plain": (statistics.median(exec_runtime_s) - (predicted.runtime_s - costs.plain_step_runtime_s)) / statistics.median(plain_cpu_s) - 1,
             # the reference: a plain step doing the same reruns and paging by hand (HandStep), no executor
-            "n_hand_reruns": reference.n_reruns,
-            "n_hand_pageouts": reference.n_pageouts,
-            "hand_step_grads_equal": reference_grads_equal,
+            "n_hand_reruns": hand.n_reruns,
+            "n_hand_pageouts": hand.n_pageouts,
+            "hand_step_grads_equal": hand_grads_equal,
             "median_hand_step_cpu_s": statistics.median(reference_cpu_s),
             "median_hand_rerun_cpu_s": statistics.median(reference_rerun_s),
             "median_hand_paging_cpu_s": statistics.median(reference_paging_s),
@@ -443,7 +449,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             f"   CPU {row['median_cpu_s'] * 1e3:.1f} ms vs plain {row['median_plain_cpu_s'] * 1e3:.1f} ms ({row['cpu_time_vs_plain']:+.1%}); "
             f"runtime (CPU + paging wall) {row['median_runtime_s'] * 1e3:.1f} ms vs predicted {predicted.runtime_s * 1e3:.1f} ms ({row['runtime_vs_prediction']:+.1%}); "
             f"own time {row['machinery_overhead_vs_plain']:+.1%} of plain, {row['machinery_overhead_vs_hand_step']:+.1%} beyond a step doing its "
-            f"{reference.n_reruns} reruns and {reference.n_pageouts} page-outs by hand (whose side effect is {row['hand_side_effect_vs_plain']:+.1%}); "
+            f"{hand.n_reruns} reruns and {hand.n_pageouts} page-outs by hand (whose side effect is {row['hand_side_effect_vs_plain']:+.1%}); "
             f"a second plain copy {row['plain_control_vs_plain']:+.1%}"
         )
         tqdm.write(
@@ -456,20 +462,19 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
 
 
 def overhead_by_batch(name: str, batch_size: int, repeats: int) -> dict[str, object]:
-    """Checkpoint-all through the executor against plain steps, CPU time, interleaved."""
+    """Checkpoint-all through the executor against plain steps, CPU time, interleaved, on one copy of the
+    model (see run_case)."""
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
-    plain = copy.deepcopy(model.module)
-    executor = ScheduleExecutor(copy.deepcopy(model.module), graph, checkpoint_all_schedule(graph), model.loss_fn)
+    shared = copy.deepcopy(model.module)
+    executor = ScheduleExecutor(shared, graph, checkpoint_all_schedule(graph), model.loss_fn)
 
     def plain_step():
-        for p in plain.parameters():
-            p.grad = None
-        return _plain(plain, model.inputs, model.targets, model.loss_fn)[1]
+        _drop_grads(shared)
+        return _plain(shared, model.inputs, model.targets, model.loss_fn)[1]
 
     def scheduled_step():
-        for p in executor.params:
-            p.grad = None
+        _drop_grads(shared)
         return executor.step(model.inputs, model.targets).cpu_s
 
     timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step}, repeats + 2)
