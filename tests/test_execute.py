@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import errno
 import gc
+import importlib
 import os
 import platform
 import subprocess
@@ -227,6 +228,19 @@ def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
 
 
 # ---- faults -----------------------------------------------------------------------------------
+
+
+def test_a_torch_without_the_private_calls_is_one_clear_error(monkeypatch):
+    """The executor relies on calls of the pinned torch that are not public API (the saved-tensor hooks
+    pushed without their context manager, UntypedStorage._swap_data_ptr_): another torch gets one clear
+    error naming the fix when the executor is made, not an AttributeError in the middle of a step."""
+    execute_module = importlib.import_module("poetlab.execute")  # (poetlab.execute is also the function)
+
+    module, inputs, targets, graph, costs = _traced("resnet", True)
+    schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
+    monkeypatch.setattr(execute_module, "_push_saved_hooks", None)
+    with pytest.raises(ExecutionError, match="install the pinned torch"):
+        ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
 
 
 def _paging_setup(with_grads: bool = True):
@@ -606,6 +620,37 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
         orders.append(_allocations_before_frees(executor, inputs, targets, handed, monkeypatch))
     assert all(orders[0][k] <= orders[1][k] for k in handed), orders
     assert all(torch.equal(a, b) for a, b in zip(_grads(handing.module), _grads(freeing.module), strict=True))
+    _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
+
+
+@pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
+def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
+    """Once the first step has shown that every packed node owns only storages of its own, and that the
+    values of the nodes whose autograd nodes get pre-hooks are tensors, the segments' code does the
+    general path's work itself (_compile_segment): a lean begin/finish pair around each managed node,
+    nothing tracked by storage key, the autograd nodes to hook collected by the code (or the lean
+    finish) and hooked after the run, frees called directly. The steps after it hook every backward node
+    the first step showed work at, and give autograd's gradients with every operation counted."""
+    module, inputs, targets, graph, costs = _traced(name, fuse)
+    schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    executor.step(inputs, targets)
+    assert not executor._tracking and executor._hook_at
+    calls = [n.target for s in executor._segments.values() for n in s.run.__self__.graph.nodes if n.op == "call_method"]
+    assert {"_begin_owned", "_finish_owned", "_free"} <= set(calls)
+    assert not set(calls) & {"_begin", "_finish_in_segment", "_track", "_hook_backward"}
+    hooked: list[set[int]] = []
+    real_hook_pending = _Run._hook_pending
+
+    def hook_pending(run):
+        hooked[-1].update(j for j, fns in run.pending_hooks if any(fn is not None for fn in fns))
+        real_hook_pending(run)
+
+    monkeypatch.setattr(_Run, "_hook_pending", hook_pending)
+    for _ in range(2):
+        hooked.append(set())
+        executor.step(inputs, targets)
+    assert hooked[0] == hooked[1] == executor._hook_at
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 

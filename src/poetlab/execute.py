@@ -658,10 +658,12 @@ def _detached(value: object) -> object:
 
 _MISSING = object()
 # autograd's saved-tensor hooks switched on and off without the context manager's three Python calls
-# (what ``torch.autograd.graph.saved_tensors_hooks`` does inside; ~1 us against ~1.6 warm, more on the cold
-# cache of a forward pass), for the learnt steps' lean paths: once per managed node and per rerun
-_push_saved_hooks = torch._C._autograd._push_saved_tensors_default_hooks
-_pop_saved_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+# (what ``torch.autograd.graph.saved_tensors_hooks`` does inside), for the learnt steps' lean paths, once
+# per managed node and per rerun: with grad mode set the same way, ~0.45 us against ~1.6 warm, several
+# times both on the cold cache a forward pass leaves (private calls of the pinned torch, checked for by
+# ScheduleExecutor)
+_push_saved_hooks = getattr(torch._C._autograd, "_push_saved_tensors_default_hooks", None)
+_pop_saved_hooks = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
 _PUSHED = object()  # (_Run.hooks while hooks pushed that way are on)
 _COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED})
 
@@ -810,6 +812,8 @@ class ScheduleExecutor:
         if any(n > 1 for n in self._n_computes.values()) and not hasattr(torch.UntypedStorage, "_swap_data_ptr_"):
             # (a private API of the pinned torch: it moves a rerun's fresh bytes into the emptied storage)
             raise ExecutionError(f"torch {torch.__version__} cannot move recomputed bytes in place (no UntypedStorage._swap_data_ptr_); install the pinned torch (pyproject.toml)")
+        if _push_saved_hooks is None or _pop_saved_hooks is None or not hasattr(torch._C, "_set_grad_enabled"):
+            raise ExecutionError(f"torch {torch.__version__} lacks the saved-tensor hook calls the executor uses; install the pinned torch (pyproject.toml)")
         # where each node is first computed
         self._computed_at = {op.node: p for p, op in reversed(list(enumerate(schedule.ops))) if op.kind is OpKind.COMPUTE}
         # the nodes handed over to autograd after the step's last use of them, by that use's position, and
