@@ -297,9 +297,9 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             schedule, status = solved.schedule, solved.status
         predicted = simulate(schedule, graph, costs)
         # Every timed step (plain, executed, by hand) runs on one copy of the model, its gradients reset
-        # before each: where a copy's tensors lie in memory moves a small step by a few hundred
-        # microseconds (plain_control_vs_plain), which steps on different copies would add to their
-        # difference (as ab_execute.py does). ``reference`` only gives the first steps' gradients.
+        # before each, as ab_execute.py's do: where a copy's tensors lie in memory moves a small step by a
+        # few hundred microseconds (plain_control_vs_plain), which steps on different copies would add to
+        # their difference. ``reference`` only gives the first steps' gradients.
         reference = copy.deepcopy(model.module)
         shared = copy.deepcopy(model.module)
         executor = ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
