@@ -1576,18 +1576,24 @@ class _Run:
         st.n_packs = len(packs)  # type: ignore[arg-type]
         st.rng_state = self.rng_before
         self.n_computes += 1
-        owned = []
-        for from_pack, index, k in self.ex._owned_places[i]:
-            t = packs[index] if from_pack else external[index]  # type: ignore[index]
-            if not isinstance(t, torch.Tensor):
-                t = _tensors(t)[k]
-            storage = t.untyped_storage()
-            owned.append(_Storage(storage, storage.nbytes(), i, self.ex._owned_sources[i][len(owned)]))
-        st.owned = st.held = tuple(owned)
+        st.owned = st.held = self._learnt_storages(i, packs, external)  # type: ignore[arg-type]
         st.computed = True
         self._set_in_ram(i, True)
         if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
             self._hook_backward(i, external, defer=True)
+
+    def _learnt_storages(self, i: int, packs: list[torch.Tensor], external: list[object]) -> tuple[_Storage, ...]:
+        """Records of the storages managed node ``i`` owns, taken where the first step found them
+        (``ScheduleExecutor._owned_places``): among the tensors it saved (``packs``) and its external
+        values (``external``, in the order of ``ScheduleExecutor._external``)."""
+        owned = []
+        for (from_pack, index, k), source in zip(self.ex._owned_places[i], self.ex._owned_sources[i], strict=True):
+            t = packs[index] if from_pack else external[index]
+            if not isinstance(t, torch.Tensor):
+                t = _tensors(t)[k]
+            storage = t.untyped_storage()  # type: ignore[union-attr]
+            owned.append(_Storage(storage, storage.nbytes(), i, source))
+        return tuple(owned)
 
     def _end_hooks(self) -> None:
         hooks, self.hooks, self.current = self.hooks, None, None
@@ -1620,15 +1626,9 @@ class _Run:
         tracking = self.ex._tracking
         keys = _storage_keys(values.values()) if tracking and not managed else []
         if sources is not None:
-            owned, records = [], self.records
-            for source in sources:
-                t = packs[source[1]] if source[0] == "pack" else _tensors(values[source[1]])[source[2]]  # type: ignore[index]
-                storage = t.untyped_storage()
-                record = _Storage(storage, storage.nbytes(), i, source)
-                if tracking:  # (else nothing looks it up: _finish_owned)
-                    records[_key(storage)] = record
-                owned.append(record)
-            st.owned = st.held = tuple(owned)
+            st.owned = st.held = self._learnt_storages(i, packs, list(values.values()))  # type: ignore[arg-type]
+            if tracking:  # (else nothing looks them up: _finish_owned)
+                self.records.update((_key(record.storage), record) for record in st.owned)
         elif not managed and (not tracking or not any(key in self.records for key in keys)):
             # unmanaged, and no view of a managed node's memory (learnt, when not tracking: nodes that view
             # one are packed, _learn): autograd and reference counting free it
