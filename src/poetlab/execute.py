@@ -558,10 +558,12 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
         if i in packed:
             sub.call_method("_finish_owned" if owned else "_finish_in_segment", (run, i, external))
-            continue
-        events.append((i, _COMPUTE))
-        if i in tracked:
-            sub.call_method("_track", (run, i, external))
+            if not owned:
+                continue
+        else:
+            events.append((i, _COMPUTE))
+            if i in tracked:
+                sub.call_method("_track", (run, i, external))
         j = binding.backward_of_forward.get(i)
         if j in ex._hook_at and ex._tensor_valued.get(i):
             # its outputs' autograd nodes collected here, hooked after the segment (_Run._hook_pending)
@@ -570,7 +572,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
             fns = tuple(sub.call_function(getattr, (v, "grad_fn")) for v in external)
             sub.call_method("append", (pending_hooks, (j, fns)))
         elif j in ex._hook_at:
-            sub.call_method("_hook_backward", (run, i, external))
+            sub.call_method("_hook_backward", (run, i, external, owned))  # (a lean node's deferred: _finish_owned)
     sub.output(tuple(env[m] for m in members if m.name in outputs))
     module = _generated(ex.gm, sub)
     return _Segment(
@@ -991,8 +993,7 @@ class ScheduleExecutor:
                 run.go()
         except BaseException:
             if buffers:
-                with torch.no_grad():
-                    torch._foreach_copy_(self.buffers, buffers)
+                _copy_buffers(self.buffers, buffers)
             self._restore_grads(add=False)
             raise
         finally:
@@ -1117,7 +1118,11 @@ class _Run:
         ops = self.ex.schedule.ops
         forward_of = self.ex.binding.forward_of
         segments = self.ex._segments
-        with torch.enable_grad():  # (the forward pass builds autograd's graph whatever the caller's mode: once)
+        # (the forward pass builds autograd's graph whatever the caller's mode: switched on once, by
+        # torch.enable_grad's own call: the context manager's Python took ~10 us at the start of a step)
+        grad_was = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(True)
+        try:
             while self.cursor < len(ops):
                 segment = segments.get(self.cursor)
                 if segment is not None:
@@ -1129,6 +1134,8 @@ class _Run:
                     break  # the first backward compute: autograd's engine takes over from here
                 self._do(op)
                 self.cursor += 1
+        finally:
+            torch._C._set_grad_enabled(grad_was)
         if self.loss is None:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
         # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
@@ -1146,8 +1153,7 @@ class _Run:
         self.loss = None
         self._advance_to_end()
         if buffers:  # (on a failure, the step puts every buffer back as it was before the step)
-            with torch.no_grad():
-                torch._foreach_copy_(buffers, kept)
+            _copy_buffers(buffers, kept)
         if self.ex.prefetch:
             for record in self.records.values():
                 self._wait(record)
@@ -1583,18 +1589,21 @@ class _Run:
         not entered in :attr:`records` by key: once nothing is tracked, nothing looks one up (the
         checked reads and the sorting out of other nodes' storages do; :meth:`ScheduleExecutor._learn`).
         Of :meth:`_finish`'s ~25 us a node on the cold cache a forward pass leaves (MobileNetV2 x2),
-        about a third was that and the general path's dispatch."""
-        self._end_hooks()
+        about a third was that and the general path's dispatch. The hooks it pushed are popped and it
+        enters RAM here, without :meth:`_end_hooks` and :meth:`_set_in_ram` (nothing to count: not
+        tracking, :meth:`_count_holders`); the segment's code collects its autograd nodes to hook."""
+        _pop_saved_hooks()  # type: ignore[misc]
+        self.hooks = self.current = None
         packs, self.packs = self.packs, None
         st = self.state[i]
         st.n_packs = len(packs)  # type: ignore[arg-type]
         st.rng_state = self.rng_before
         self.n_computes += 1
         st.owned = st.held = self._learnt_storages(i, packs, external)  # type: ignore[arg-type]
-        st.computed = True
-        self._set_in_ram(i, True)
-        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
-            self._hook_backward(i, external, defer=True)
+        st.computed = st.in_ram = True
+        self.planned += self.ex._output_bytes[i]
+        if self.planned > self.planned_peak:
+            self.planned_peak = self.planned
 
     def _learnt_storages(self, i: int, packs: list[torch.Tensor], external: list[object]) -> tuple[_Storage, ...]:
         """Records of the storages managed node ``i`` owns, taken where the first step found them
@@ -1763,8 +1772,7 @@ class _Run:
             if rng_after is not None:
                 torch.set_rng_state(rng_after)
         if buffers:
-            with torch.no_grad():
-                torch._foreach_copy_(buffers, backup)
+            _copy_buffers(buffers, backup)
         try:
             if len(recorded) != st.n_packs:
                 raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
@@ -1826,6 +1834,18 @@ class _Run:
 
 def _unpack_unchecked(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
+
+
+def _copy_buffers(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Put buffers back (``torch._foreach_copy_``) without autograd recording it, as ``torch.no_grad``
+    would (a buffer may require grad), by grad mode's own switch: the context manager's Python took a
+    few microseconds on the cold cache of a step."""
+    grad_was = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        torch._foreach_copy_(destinations, sources)
+    finally:
+        torch._C._set_grad_enabled(grad_was)
 
 
 def _never_unpacked(_: None) -> None:
