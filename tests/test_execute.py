@@ -202,6 +202,32 @@ def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does():
     _check_step("shared norm", True, schedule, graph, costs, module, inputs, targets)
 
 
+def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
+    """A node rerun once in the backward pass, whose BatchNorm no other node uses, gets the buffers' values
+    from the start of the step back before the backward pass, and its rerun updates them to the same bits
+    as its first run did (one copy, no putting back: _RerunBuffers); a BatchNorm that other nodes update
+    too is kept and put back. Either way the running statistics are a plain step's, step after step."""
+    torch.manual_seed(0)
+    cases = [("mobilenet", MobileNetV2(10, 0.35).train(), torch.randn(2, 3, 32, 32), torch.tensor([3, 4]), 0.6, True),
+             ("shared", _SharedNorm().train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2]), 0.8, False)]
+    for name, module, inputs, targets, fraction, alone in cases:
+        graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
+        costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+        schedule = greedy_remat_schedule(graph, costs, fraction * _full(graph, costs))
+        reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+        executor = ScheduleExecutor(scheduled, graph, schedule, nn.CrossEntropyLoss())
+        assert executor._rerun_in_backward, name
+        for _ in range(4):
+            rng = torch.get_rng_state()  # (MobileNetV2's dropout: the same masks on both sides)
+            nn.CrossEntropyLoss()(reference(inputs), targets).backward()
+            torch.set_rng_state(rng)
+            executor.step(inputs, targets)
+            for a, b in zip([*reference.buffers(), *_grads(reference)], [*scheduled.buffers(), *_grads(scheduled)], strict=True):
+                assert torch.equal(a, b), name
+        rerun = executor._rerun_buffers()
+        assert rerun.buffers and (rerun.before_step is not None) == alone and executor._unchecked_reads, name
+
+
 @pytest.mark.parametrize("planner", [greedy_paging_schedule, greedy_remat_schedule])
 def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
     """Gradients accumulate over steps as ``backward`` does. From the second step on, every parameter and

@@ -716,6 +716,31 @@ class _NodeState:
     unmanaged_keys: tuple[int, ...] = ()  # storage keys of an unmanaged node's values, while they live
 
 
+@dataclass(frozen=True)
+class _RerunBuffers:
+    """The buffers of the forward nodes rerun in the backward pass (BatchNorm's running statistics), which
+    each rerun updates a second time, and how a step gives them back the values its forward pass left.
+
+    - Reset (``before_step``: their copies in the step's backup, ``ScheduleExecutor.step``): when each
+      buffer is one node's alone and that node reruns once in the backward pass, the buffers are set back
+      to the values the step began with just before the backward pass, and the reruns update them as
+      their first runs did, to the same bits (the same batch statistics: a rerun gives the same bytes).
+      One copy a step, and each rerun sees the buffers its first run saw. Only in steps that read
+      unchecked (``ScheduleExecutor._learn``: nothing is fetched unplanned, so nothing reruns twice).
+    - Kept (``kept``): otherwise (a shared BatchNorm, a node rerun twice, the first step) they are copied
+      before the backward pass and put back after it, rather than around every rerun (two copies of a
+      few small tensors cost a rerun ~30 us on a cold cache); a rerun runs on buffers that its first run
+      has updated already (BatchNorm in training normalizes with the batch's statistics and only
+      updates its running ones).
+
+    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers: keeping and putting
+    them back took ~90 us of a step on the cold cache, the reset ~30."""
+
+    buffers: list[torch.Tensor]
+    kept: list[torch.Tensor]
+    before_step: list[torch.Tensor] | None
+
+
 class _Saved:
     """What autograd holds for a saved tensor: a detached alias and the record of its storage."""
 
@@ -840,7 +865,7 @@ class ScheduleExecutor:
             op.node for op in schedule.ops[self._backward_start:]
             if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is None and op.node not in self.binding.inputs
         )
-        self._backward_buffers: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._backward_buffers: _RerunBuffers | None = None
 
     def _group_buffers(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Forward node ``i``'s modules' buffers (BatchNorm's running statistics, which a rerun would
@@ -855,17 +880,26 @@ class ScheduleExecutor:
         modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module"]
         return [b for mod in modules for b in mod.buffers() if b.numel()]
 
-    def _rerun_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The buffers of the nodes rerun in the backward pass (each once, in case modules are shared) and
-        as many tensors to keep them in, allocated once: kept before the backward pass and put back after
-        it in one copy each, rather than around every rerun (two copies of a few small tensors cost a
-        rerun ~30 us on a cold cache). Nothing that could tell reads them in between: every first compute
-        is over, and a rerun runs on buffers that its first run has updated already, as any rerun does
-        (BatchNorm in training normalizes with the batch's statistics and only updates its running ones)."""
+    def _rerun_buffers(self) -> _RerunBuffers:
+        """The buffers of the nodes rerun in the backward pass (each once, in case modules are shared), and
+        how a step gives them back the values its forward pass left (:class:`_RerunBuffers`), found once."""
         if self._backward_buffers is None:
             found = {id(b): b for i in sorted(self._rerun_in_backward) for b in self._node_buffers(i)}
             buffers = list(found.values())
-            self._backward_buffers = (buffers, [torch.empty_like(b) for b in buffers])
+            # reset to the step's backup, if every one is its node's alone and the node reruns once there
+            owners: dict[int, int] = {}
+            for k, members in enumerate(self.binding.members):
+                if members and self.binding.forward_of[k] is None:
+                    for b in self._node_buffers(k):
+                        owners[id(b)] = owners.get(id(b), 0) + 1
+            reruns = [op.node for op in self.schedule.ops[self._backward_start:] if op.kind is OpKind.COMPUTE]
+            backup = {id(b): self._buffer_backup[k] for k, b in enumerate(self.buffers)} if self._buffer_backup else {}
+            alone = all(owners.get(key) == 1 and key in backup for key in found) and all(reruns.count(i) == 1 for i in self._rerun_in_backward)
+            self._backward_buffers = _RerunBuffers(
+                buffers=buffers,
+                kept=[torch.empty_like(b) for b in buffers],  # (the first step keeps them: it reads checked)
+                before_step=[backup[key] for key in found] if alone else None,
+            )
         return self._backward_buffers
 
     def _set_aside_grads(self) -> None:
@@ -1145,15 +1179,19 @@ class _Run:
             self._drop_values(i)
         # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
         self.ex._set_aside_grads()
-        buffers, kept = self.ex._rerun_buffers()
-        if buffers:
-            torch._foreach_copy_(kept, buffers)
+        rerun = self.ex._rerun_buffers()  # (on a failure, the step puts every buffer back as it was before it)
+        reset = rerun.before_step is not None and self.ex._unchecked_reads
+        if rerun.buffers:
+            if reset:
+                _copy_buffers(rerun.buffers, rerun.before_step)  # type: ignore[arg-type]
+            else:
+                torch._foreach_copy_(rerun.kept, rerun.buffers)
             self.buffers_kept = True
         self.loss.backward()
         self.loss = None
         self._advance_to_end()
-        if buffers:  # (on a failure, the step puts every buffer back as it was before the step)
-            _copy_buffers(buffers, kept)
+        if rerun.buffers and not reset:
+            _copy_buffers(rerun.buffers, rerun.kept)
         if self.ex.prefetch:
             for record in self.records.values():
                 self._wait(record)
