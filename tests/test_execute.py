@@ -563,7 +563,7 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
     """Run one step; for each node of ``node_at`` (node -> position of its last free), how many allocations
     the step had made when the last of the node's storages went back to the allocator (from its events).
     The storages are those the node holds when the step hands it over (``_hand_over``) or performs its
-    last free (``_do``), whichever the executor does."""
+    last free (``_free``), whichever the executor does."""
     ptrs: dict[int, set[int]] = {}
 
     def note(run, k):
@@ -572,20 +572,20 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
         ptrs[k] = {r.storage.data_ptr() for r in st.owned} | {t.untyped_storage().data_ptr() for v in values for t in _tensors(v)}
         return torch.profiler.record_function(f"poetlab-test:{k}")
 
-    real_hand_over, real_do = _Run._hand_over, _Run._do
+    real_hand_over, real_free = _Run._hand_over, _Run._free
 
     def hand_over(run, k):
         with note(run, k):
             real_hand_over(run, k)
 
-    def do(run, op):
-        if op.kind is OpKind.FREE and node_at.get(op.node) == run.cursor:
-            with note(run, op.node):
-                return real_do(run, op)
-        return real_do(run, op)
+    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's, _advance_plan's)
+        if node_at.get(k) == run.cursor:
+            with note(run, k):
+                return real_free(run, k)
+        return real_free(run, k)
 
     monkeypatch.setattr(_Run, "_hand_over", hand_over)
-    monkeypatch.setattr(_Run, "_do", do)
+    monkeypatch.setattr(_Run, "_free", free)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         executor.step(inputs, targets)
     monkeypatch.undo()
@@ -673,10 +673,16 @@ def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
         real_hook_pending(run)
 
     monkeypatch.setattr(_Run, "_hook_pending", hook_pending)
+    advanced: list[int] = []  # (the general loop: only the end of the step's, once a step has learnt)
+    real_advance = _Run._advance
+    monkeypatch.setattr(_Run, "_advance", lambda run, stop: advanced.append(stop) or real_advance(run, stop))
     for _ in range(2):
         hooked.append(set())
         executor.step(inputs, targets)
     assert hooked[0] == hooked[1] == executor._hook_at
+    # each pre-hook ran the plan made for its position (_advance_plan): one per hooked node, made once
+    assert {j for _, j in executor._plans} == executor._hook_at and len(executor._plans) == len(executor._hook_at)
+    assert len(advanced) == 2  # (_advance_to_end's, one a step)
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
