@@ -404,40 +404,40 @@ def _backward_runs(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None
 
 def _advance_plan(ex: "ScheduleExecutor", start: int, stop: int) -> Callable[["_Run"], None]:
     """What :meth:`_Run._advance` does from position ``start`` up to ``stop`` (exclusive), as one generated
-    function of the run, for the steps after the first: each run of bookkeeping replayed at once (its
-    events a constant, not a slice of them made per step), a rerun as its call (a compute of a forward
-    node that an earlier position computed first: :meth:`_Run._rerun`), a free of a managed node as
-    ``_free``, any other operation as :meth:`_Run._do`, each followed by its hand-overs, then the cursor
-    moved to ``stop``. Not which positions had work (``_Run.worked``): only the first step learns from it.
-    (MobileNetV2 x2 at half of checkpoint-all's peak drives 7 pre-hooks a step: the loop, its lookups and
-    the dispatch cost each ~10 us on the cold cache of a backward pass.)"""
+    function of the run (as a :class:`_Segment`'s code is), for the steps after the first: each run of
+    bookkeeping replayed at once (its events a constant, not a slice of them made per step), a rerun as
+    its call (a compute of a forward node that an earlier position computed first: :meth:`_Run._rerun`),
+    a free of a forward node as ``_free``, any other operation as ``_do_at``, each after the cursor is set
+    to its position and followed by its hand-overs, and the cursor at ``stop`` in the end. Not which
+    positions had work (``_Run.worked``): only the first step learns from it. (MobileNetV2 x2 at half of
+    checkpoint-all's peak drives 7 pre-hooks a step: the loop, its lookups and the dispatch cost each
+    ~20 us on the cold cache of a backward pass.)"""
     ops, binding = ex.schedule.ops, ex.binding
-    constants: dict[str, object] = {}
-    lines = ["def plan(run):"]
+    sub = fx.Graph()
+    run = sub.placeholder("run")
     position = start
     while position < stop:
         end = min(ex._bookkeeping_end[position], stop)
         if end > position:
-            constants[f"events_{position}"] = tuple(ex._events[position:end])
-            lines.append(f"    run._replay(events_{position})")
+            sub.call_method("_replay", (run, tuple(ex._events[position:end])))
             position = end
             continue
         op = ops[position]
         i = op.node
         forward = binding.forward_of[i] is None and i not in binding.inputs
-        lines.append(f"    run.cursor = {position}")  # (where the step is, as _advance has it, for what reads it)
+        sub.call_function(setattr, (run, "cursor", position))  # (where the step is, as _advance has it)
         if op.kind is OpKind.COMPUTE and forward and ex._computed_at[i] < position:
-            lines.append(f"    run._rerun({i})")
+            sub.call_method("_rerun", (run, i))
         elif op.kind is OpKind.FREE and forward:
-            lines.append(f"    run._free({i})")
+            sub.call_method("_free", (run, i))
         else:
-            constants[f"op_{position}"] = op
-            lines.append(f"    run._do(op_{position})")
-        lines += [f"    run._hand_over({k})" for k in ex._handover.get(position, ())]
+            sub.call_method("_do_at", (run, position))
+        for k in ex._handover.get(position, ()):
+            sub.call_method("_hand_over", (run, k))
         position += 1
-    lines.append(f"    run.cursor = {stop}")
-    exec(compile("\n".join(lines), f"<poetlab schedule {start}-{stop}>", "exec"), constants)  # noqa: S102 (our own code)
-    return constants["plan"]  # type: ignore[return-value]
+    sub.call_function(setattr, (run, "cursor", stop))
+    sub.output(None)
+    return fx.GraphModule(torch.nn.Module(), sub).forward
 
 
 def _handovers(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
