@@ -281,7 +281,8 @@ def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: t
     """The group as a :class:`_CompiledGroup`, or None for one that reads the caller's inputs
     (placeholders stay interpreted) or one without fx nodes (backward nodes). A group of one fx node too:
     interpreted, its arguments go through ``fx.node.map_arg`` and a lookup each (the encoder's layer, one
-    module call, reran 30-45 us a step slower so: in-process A/B, the encoder x8 at 98.5%)."""
+    module call: the encoder x8 at 98.5% took 28 and 46 us a step longer so, one executor beside the
+    other in one process)."""
     if not members or any(m.op not in _PLAIN_FX_OPS for m in members):
         return None
     return _group_function(gm, members, external)
@@ -410,8 +411,8 @@ def _advance_plan(ex: "ScheduleExecutor", start: int, stop: int) -> Callable[["_
     a free of a forward node as ``_free``, any other operation as ``_do_at``, each after the cursor is set
     to its position and followed by its hand-overs, and the cursor at ``stop`` in the end. Not which
     positions had work (``_Run.worked``): only the first step learns from it. (MobileNetV2 x2 at half of
-    checkpoint-all's peak drives 7 pre-hooks a step: the loop, its lookups and the dispatch cost each
-    ~20 us on the cold cache of a backward pass.)"""
+    checkpoint-all's peak drives 7 pre-hooks a step: the loop around their work, its lookups and the
+    dispatch of each operation took ~10-20 us of each on the cold cache of a backward pass.)"""
     ops, binding = ex.schedule.ops, ex.binding
     sub = fx.Graph()
     run = sub.placeholder("run")
@@ -771,8 +772,8 @@ class _RerunBuffers:
       has updated already (BatchNorm in training normalizes with the batch's statistics and only
       updates its running ones).
 
-    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers: keeping and putting
-    them back took ~90 us of a step on the cold cache, the reset ~30."""
+    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers: keeping them took
+    ~33 us of a step on the cold cache and putting them back ~58; the reset is one such copy."""
 
     buffers: list[torch.Tensor]
     kept: list[torch.Tensor]
