@@ -1299,7 +1299,7 @@ class _Run:
         return worked
 
     def _rerun(self, i: int) -> None:
-        """What :meth:`_do` does for a compute of forward node ``i`` that was computed before."""
+        """A compute of forward node ``i`` that was computed before (:meth:`_do`, a plan)."""
         self.n_computes += 1
         self.n_recomputes += 1
         self._recompute(i)
@@ -1311,14 +1311,14 @@ class _Run:
             self._compression_op(op)
             return
         if op.kind is OpKind.COMPUTE:
+            if self.ex.binding.forward_of[i] is None and st.computed:
+                self._rerun(i)
+                return
             self.n_computes += 1
             if self.ex.binding.forward_of[i] is not None:  # autograd computes it; we only follow
                 self.n_skipped += int(st.computed)  # a gradient cannot be recomputed outside autograd
                 self._set_in_ram(i, True)
                 st.computed = True
-            elif st.computed:
-                self.n_recomputes += 1
-                self._recompute(i)
             else:
                 self._first_compute(i)
             return
@@ -1489,19 +1489,17 @@ class _Run:
         so none is counted: each goes when its owner leaves RAM. (The encoder's layer owns 21; a count
         took ~1 us a storage on the cold cache, three times a step: in at its compute and its rerun, out
         at its free.)"""
-        if not self.ex._tracking:
-            if not in_ram:
-                for record in st.held:
-                    if record.pending is not None:  # (a page-in in flight: _wait)
-                        self._wait(record)
-                    record.storage.resize_(0)
+        tracking = self.ex._tracking
+        if in_ram and not tracking:
             return
         for record in st.held:
-            record.refs += 1 if in_ram else -1
-            if record.refs == 0:
-                if record.pending is not None:  # (a page-in in flight: _wait)
-                    self._wait(record)
-                record.storage.resize_(0)
+            if tracking:
+                record.refs += 1 if in_ram else -1
+                if record.refs:
+                    continue
+            if record.pending is not None:  # (a page-in in flight: _wait)
+                self._wait(record)
+            record.storage.resize_(0)
 
     def _page_in(self, i: int) -> None:
         """Read back node ``i``'s storages that are not in RAM (the others are held by a view that stayed)
