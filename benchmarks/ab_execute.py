@@ -141,7 +141,6 @@ def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, frac
             "base": base.ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir),
             "new": new.ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir),
         }
-        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
         rng = torch.get_rng_state()  # (the same random numbers for every first step: the encoder's dropout)
         _plain(reference, model.inputs, model.targets, model.loss_fn)
         grads_equal = {}
@@ -150,6 +149,8 @@ def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, frac
             torch.set_rng_state(rng)
             executor.step(model.inputs, model.targets)
             grads_equal[key] = _same_grads(reference, shared)
+        # (the nodes whose reruns replay random numbers: as the executor learnt in its first step)
+        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir, rng_nodes={i for i, draws in executors["new"].draws_rng.items() if draws})
 
         def executor_step(executor) -> float:
             _drop_grads(shared)

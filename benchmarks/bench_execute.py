@@ -9,7 +9,7 @@ MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpo
 recompute, no paging; ResNet-18 at 50% also by POET's paging-only arm, ``planner: paging_only``, since
 the free MILP pages or not from run to run) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
 steps on the same copy of the model (and with prefetching page-ins where the schedule pages), in a
-rotating order (at least ``--repeats`` steps of each, and enough to time 1.5 s of plain steps, up to 100:
+rotating order (at least ``--repeats`` steps of each, and enough to time 3 s of plain steps, up to 300:
 a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
 process-wide, so for plain steps too), and each step's minor page faults are recorded
 (``median_page_faults`` beside ``median_plain_page_faults``):
@@ -153,7 +153,10 @@ class HandStep:
 
     Here the model runs as its fx trace's generated code (a plain step's speed), which also returns the
     inputs of every node the schedule recomputes; each rerun runs that node's fx nodes with grad enabled and
-    its saved tensors collected (as the executor's rerun does), and its result is dropped. Each page-out
+    its saved tensors collected (as the executor's rerun does), and its result is dropped. A node that draws
+    random numbers (``rng_nodes``: dropout; the executor's ``draws_rng`` after its first step) reruns on the
+    random state it ran on, taken before it in the forward pass and the state after the rerun put back, as
+    ``torch.utils.checkpoint`` keeps it: a rerun that draws other numbers is not the schedule's. Each page-out
     writes as many bytes as the node's (the schedule's size of it, what the executor writes) from a buffer
     kept for it, through a :class:`PageStore` as the executor's (one file, ``fsync``, the page cache
     dropped), and each page-in reads them back into that buffer. Both run, in the schedule's order, from a
@@ -163,7 +166,7 @@ class HandStep:
     lives as long as this step (the executor makes one per step: its own time): what this costs beyond a
     plain step is the reruns, the paging and their effect on the rest of the step."""
 
-    def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn, paging_dir: str | None = None):
+    def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn, paging_dir: str | None = None, rng_nodes=frozenset()):
         self.module, self.loss_fn = module, loss_fn
         gm = fx.symbolic_trace(module)
         binding = _bind(graph, gm)
@@ -192,7 +195,12 @@ class HandStep:
         copied = fx.Graph()
         mapping: dict[fx.Node, fx.Node] = {}
         out = copied.graph_copy(gm.graph, mapping)
-        copied.output((out, tuple(mapping[n] for n in needed)))
+        self.rng_nodes = sorted(reruns & set(rng_nodes))
+        states = []
+        for i in self.rng_nodes:
+            with copied.inserting_before(mapping[binding.members[i][0]]):
+                states.append(copied.call_function(torch.get_rng_state))
+        copied.output((out, tuple(mapping[n] for n in needed), tuple(states)))
         self.gm = _generated(gm, copied)  # (each module one attribute away, as the executor's code reaches it)
         self.names = [n.name for n in needed]
         self.deps = {i: [d.name for d in self.functions[i].deps] for i in reruns}
@@ -210,7 +218,7 @@ class HandStep:
         # (zeros, not empty: their memory touched before the first step, as a node's output is when it pages out)
         self.pages = {i: torch.zeros(graph.nodes[i].output_bytes, dtype=torch.uint8).untyped_storage() for i in paged}
         self.store = PageStore(paging_dir) if paged else None
-        self.rerun_cpu_s, self.left = 0.0, dict(self.readers)
+        self.rerun_cpu_s, self.left, self.rng_states = 0.0, dict(self.readers), {}
 
     def close(self) -> None:
         """Remove the paging directory and its files."""
@@ -225,25 +233,32 @@ class HandStep:
             if kind is OpKind.PAGE_IN:
                 self.store.read_into(str(i), [(0, self.pages[i])])
                 continue
+            state = self.rng_states.get(i)
+            if state is not None:
+                after = torch.get_rng_state()
+                torch.set_rng_state(state)
             start = time.thread_time()
             saved: list[torch.Tensor] = []  # (kept here, not handed back to autograd: see the executor's rerun)
             with torch.autograd.graph.saved_tensors_hooks(saved.append, lambda _: None), torch.enable_grad():
                 self.functions[i].run(*[v.detach() if isinstance(v, torch.Tensor) else v for v in (values[name] for name in self.deps[i])])
             saved.clear()  # (the rerun's autograd nodes hold the hook, and with it this list: no cycle left)
+            self.rerun_cpu_s += time.thread_time() - start
+            if state is not None:  # (outside the rerun's time, as the executor's recompute_cpu_s has it)
+                torch.set_rng_state(after)
             for name in self.deps[i]:
                 self.left[name] -= 1
                 if not self.left[name]:
                     del values[name]
-            self.rerun_cpu_s += time.thread_time() - start
 
     def step(self, inputs, targets) -> tuple[float, float, float]:
         """(thread CPU time of the step, of its reruns, of its paging calls)."""
         self.rerun_cpu_s, self.left = 0.0, dict(self.readers)
         paging_before = self.store.cpu_s if self.store is not None else 0.0
         start = time.thread_time()
-        out, extra = self.gm(*inputs) if isinstance(inputs, (tuple, list)) else self.gm(inputs)
+        out, extra, states = self.gm(*inputs) if isinstance(inputs, (tuple, list)) else self.gm(inputs)
         values = dict(zip(self.names, extra, strict=True))
-        del extra
+        self.rng_states = dict(zip(self.rng_nodes, states, strict=True))
+        del extra, states
         loss = self.loss_fn(out, targets)
         del out
         fns = [(getattr(values[name], "grad_fn", None), actions) for name, actions in self.attach]
@@ -266,8 +281,11 @@ class HandStep:
 
 
 #: the least plain-step time each kind of step of a case is timed for: a 5 ms step's medians over 15 steps moved
-#: by +-3% from run to run, so small steps run more of them (up to MAX_STEPS)
-MIN_TIMED_S, MAX_STEPS = 1.5, 100
+#: by +-3% from run to run, so small steps run more of them (up to MAX_STEPS). Raised from 1.5 s and 100 steps:
+#: the small steps' own time beyond the hand step moved by about +-1% of a step from run to run, on a target
+#: of 5%. Not all of that is the count: ab_execute.py's 400 rounds gave the same executor on the encoder x8 at
+#: 98.5% +4.9% to +6.2% in five runs (each run plans its own schedule and lays out its own memory)
+MIN_TIMED_S, MAX_STEPS = 3.0, 300
 
 
 def _steps(repeats: int, step_s: float) -> int:
@@ -309,7 +327,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         torch.set_rng_state(rng)
         first = executor.step(model.inputs, model.targets)
         grads_equal = _same_grads(reference, shared)
-        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir)
+        hand = HandStep(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir, rng_nodes={i for i, draws in executor.draws_rng.items() if draws})
         # a second copy of the plain model, made last: plain steps on it against those on the shared one
         # show what the copies' places in memory alone do to a step (seen here: a few hundred microseconds
         # either way on MobileNetV2 x2), what timing every step on one copy leaves out
