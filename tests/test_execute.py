@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _Run, _segments, execute, memory_allowance_bytes
+from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _BufferBackup, _Run, _segments, execute, memory_allowance_bytes
 from poetlab.baselines import capuchin
 from poetlab.baselines.base import Budgets
 from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -683,6 +683,47 @@ def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
     # each pre-hook ran the plan made for its position (_advance_plan): one per hooked node, made once
     assert {j for _, j in executor._plans} == executor._hook_at and len(executor._plans) == len(executor._hook_at)
     assert len(advanced) == 2  # (_advance_to_end's, one a step)
+    _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
+
+
+def test_the_buffers_backup_copies_each_buffer_and_is_made_again_for_a_resized_one():
+    """_BufferBackup joins the 1-d buffers and the 0-d ones of each dtype into one tensor each, whose slices
+    are the copies; others are copied one by one. A buffer given another size (``.data = ...``) makes the
+    join resize its tensor: ``take`` says so, and the step makes a new backup."""
+    module = nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm2d(4))
+    module.register_buffer("table", torch.randn(2, 3))
+    buffers = [b for b in module.buffers() if b.numel()]
+    backup = _BufferBackup(buffers)
+    assert backup.take()
+    assert all(torch.equal(b, c) and b.shape == c.shape and b.dtype == c.dtype for b, c in zip(buffers, backup.copies, strict=True))
+    for b in buffers:
+        b.add_(1)
+    assert not any(torch.equal(b, c) for b, c in zip(buffers, backup.copies, strict=True))
+    module[0].running_mean.data = torch.arange(5.0)
+    with pytest.warns(UserWarning):
+        assert not backup.take()
+    backup = _BufferBackup(buffers)
+    (k,) = [k for k, b in enumerate(buffers) if b is module[0].running_mean]
+    assert backup.take() and torch.equal(backup.copies[k], torch.arange(5.0))
+
+
+@pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
+def test_learnt_runs_of_bookkeeping_add_up_to_what_they_replayed(name, fuse):
+    """Once learnt, the generated code's runs of bookkeeping (segments' and pre-hooks' plans) are replayed
+    event by event once and add up their sums after (_SummedReplay), setting only the states something
+    reads later: not those of gradients whose every operation is bookkeeping. The counts and the planned
+    peak are what the event-by-event replay gives, the simulator's (_check_step: three steps)."""
+    module, inputs, targets, graph, costs = _traced(name, fuse)
+    schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    fields = ("n_computes", "n_recomputes", "n_skipped_ops", "planned_peak_bytes")
+    results = [executor.step(inputs, targets) for _ in range(3)]
+    assert executor._summed and all(r.sums is not None for r in executor._summed)
+    assert executor._stateless and sum(map(len, (r.stateful for r in executor._summed))) < sum(map(len, (r.events for r in executor._summed)))
+    for r in executor._summed:  # (event by event again: the same)
+        r.sums = None
+    results.append(executor.step(inputs, targets))
+    assert len({tuple(getattr(result, f) for f in fields) for result in results[1:]}) == 1
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
