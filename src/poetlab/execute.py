@@ -586,13 +586,16 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     events: list[tuple[int, int]] = []
     pending_hooks: fx.Node | None = None
 
-    def call(method: str, *args: object) -> None:
+    def flush() -> None:  # (the bookkeeping before the next call, in the schedule's order)
         if events:
             if ex._learnt:
                 sub.call_method("_replay_summed", (run, ex._summed_replay(events)))
             else:
                 sub.call_method("_replay", (run, tuple(events)))
             events.clear()
+
+    def call(method: str, *args: object) -> None:
+        flush()
         sub.call_method(method, (run, *args))
 
     for position, op in enumerate(ops, start):
@@ -607,19 +610,31 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
             else:
                 events.append(event)
             continue
-        # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair)
+        # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair;
+        # without the saved-tensor hooks where its fx values and their autograd nodes show them all)
         owned = i in ex._owned_places and not ex._tracking
+        places = ex._hookless[i][0] if owned and i in ex._hookless else None
         if i == binding.loss:
             call("_compute_loss", i, fx.node.map_arg(binding.output_arg, lambda n: env[n]))
             continue
-        if i in packed:
+        if places is not None:
+            flush()
+        elif i in packed:
             call("_begin_owned", i) if owned else call("_begin", i, True)
         for m in binding.members[i]:
             env[m] = sub.node_copy(m, lambda n: env[n])
         external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
-        if i in packed:
-            sub.call_method("_finish_owned" if owned else "_finish_in_segment", (run, i, external))
-            if not owned:
+        if places is not None:
+            by_name = {m.name: env[m] for m in binding.members[i]}
+            fns = {name: sub.call_function(getattr, (by_name[name], "grad_fn")) for name in dict.fromkeys(name for name, attr in places if attr)}
+            found = tuple(by_name[name] if attr is None else sub.call_function(getattr, (fns[name], attr)) for name, attr in places)
+            sub.call_method("_finish_hookless", (run, i, found))
+        elif i in packed:
+            if owned:
+                sub.call_method("_finish_owned", (run, i, external))
+            else:  # (the first step also shows its fx values, to find its storages without hooks: _finish)
+                members_now = tuple(env[m] for m in binding.members[i]) if not ex._learnt and i in ex._managed else None
+                sub.call_method("_finish_in_segment", (run, i, external, members_now))
                 continue
         else:
             events.append((i, _COMPUTE))
@@ -729,6 +744,9 @@ _MISSING = object()
 _push_saved_hooks = getattr(torch._C._autograd, "_push_saved_tensors_default_hooks", None)
 _pop_saved_hooks = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
 _PUSHED = object()  # (_Run.hooks while hooks pushed that way are on)
+# sets tensors' version counters: a buffer that a node without the saved-tensor hooks saved, and that the
+# step writes back to the very bytes it was saved with, gets its version back (ScheduleExecutor._without_hooks)
+_set_versions = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
 _COMPRESSION_OPS = frozenset({OpKind.COMPRESS, OpKind.DECOMPRESS, OpKind.FREE_COMPRESSED})
 
 
@@ -883,7 +901,7 @@ class ScheduleExecutor:
         "_tracking", "_computed_at", "_handover", "_handed_frees", "_segments", "_backward_start",
         "_handover_candidates", "_bookkeeping_end", "_last_run", "_tail", "_plans", "_output_bytes",
         "_has_pageouts", "_buffer_backup", "_buffers_of", "_rerun_in_backward", "_backward_buffers", "_aside",
-        "_packed_now", "_events", "_hook_at", "_summed", "_stateless",
+        "_packed_now", "_events", "_hook_at", "_summed", "_stateless", "_hookless",
     )
 
     def __init__(
@@ -959,6 +977,11 @@ class ScheduleExecutor:
         self._owned_sources: dict[int, tuple[tuple, ...]] = {}
         # the same, as (from its saved tensors?, index there or among its external values, tensor index)
         self._owned_places: dict[int, tuple[tuple[bool, int, int], ...]] = {}
+        # of those, the nodes whose storages are all among their fx values and the tensors those values'
+        # autograd nodes saved: (fx name, None or the autograd node's ``_saved_*`` attribute) for each, in
+        # ``_owned_sources``' order, and how many tensors its first run saved (what a rerun must save too);
+        # they run without the saved-tensor hooks (_Run._finish_hookless)
+        self._hookless: dict[int, tuple[tuple[tuple[str, str | None], ...], int]] = {}
         # whether unmanaged nodes' storages are made known by key (_Run._track_values): until a step has
         # shown that every packed node finds its storages by position, which then look none up (_learn)
         self._tracking = True
@@ -996,6 +1019,27 @@ class ScheduleExecutor:
         # whose states nothing reads: every operation of theirs is bookkeeping (set by _learn, with _hook_at)
         self._summed: list[_SummedReplay] = []
         self._stateless: frozenset[int] = frozenset()
+
+    def _without_hooks(self, run: "_Run") -> dict[int, tuple[tuple[tuple[str, str | None], ...], int]]:
+        """The lean managed nodes that the first step found all of whose storages without the saved-tensor
+        hooks (``run.hookless``: :meth:`_Run._hookless_places`), for :attr:`_hookless`.
+
+        Without the hooks, autograd checks each saved tensor's version counter when it reads it back: a
+        BatchNorm's running statistics, which the step writes a second time (its reset before the backward
+        pass and the rerun's update, or a forward rerun's update and put-back), would fail that check. Each
+        such write leaves the very bytes the buffer was saved with by the time the node's backward reads it
+        (:class:`_RerunBuffers`' reset), so the step sets those buffers' versions back after it
+        (``_set_versions``, a private call of the pinned torch). Where buffers are kept and put back after
+        the backward pass instead (a shared BatchNorm, a node rerun twice), they do not hold those bytes in
+        between: a node that saved one of them keeps the hooks (which autograd does not version-check)."""
+        found = {i: places for i, places in run.hookless.items() if places is not None and i in self._owned_sources}
+        if not found or _set_versions is None:
+            return {}
+        rerun = self._rerun_buffers()
+        if rerun.buffers and rerun.before_step is None:
+            rewritten = {id(b) for b in rerun.buffers}
+            found = {i: places for i, places in found.items() if not any(id(b) in rewritten for b in self._node_buffers(i))}
+        return found
 
     def _summed_replay(self, events: Sequence[tuple[int, int]]) -> int:
         """A new :class:`_SummedReplay` of ``events``, by its index in ``_summed`` (what generated code passes)."""
@@ -1116,6 +1160,7 @@ class ScheduleExecutor:
                 i: tuple((True, s[1], 0) if s[0] == "pack" else (False, self._external[i].index(s[1]), s[2]) for s in sources)
                 for i, sources in self._owned_sources.items()
             }
+            self._hookless = self._without_hooks(run)
             handed = {
                 k: use_and_free for k, use_and_free in self._handover_candidates.items()
                 if k not in run.shared and k not in run.viewing and (k in self._kept or k in self._owned_sources)
@@ -1212,7 +1257,7 @@ class _Run:
         "ex", "inputs", "targets", "state", "values", "constants", "records", "_constant_keys", "constants_met",
         "batch_keys", "store", "unmanaged_keys", "cursor", "current", "current_packs", "pending_own", "packs",
         "rng_before", "hooks", "seen_fns", "pending_hooks", "worked", "shared", "viewing", "owned_sources",
-        "loss", "loss_value", "planned", "planned_peak", "n_computes", "n_unplanned", "n_compresses",
+        "hookless", "loss", "loss_value", "planned", "planned_peak", "n_computes", "n_unplanned", "n_compresses",
         "recompute_cpu_s", "tail", "buffers_kept", "n_recomputes", "n_pageouts", "n_pageins", "n_skipped",
         "n_decompresses", "compressed_bytes",
     )
@@ -1252,6 +1297,9 @@ class _Run:
         # the sources (_Storage.source) of the storages each managed node owned, None where it also held
         # another node's (ScheduleExecutor._learn)
         self.owned_sources: dict[int, tuple[tuple, ...] | None] = {}
+        # where each of those nodes' storages are found without the saved-tensor hooks, None where some are
+        # not (ScheduleExecutor._hookless)
+        self.hookless: dict[int, tuple[tuple[tuple[str, str | None], ...], int] | None] = {}
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
         self.planned = 0
@@ -1334,7 +1382,10 @@ class _Run:
         reset = rerun.before_step is not None and self.ex._unchecked_reads
         if rerun.buffers:
             if reset:
+                versions = [b._version for b in rerun.buffers] if self.ex._hookless else None
                 _copy_buffers(rerun.buffers, rerun.before_step)  # type: ignore[arg-type]
+                if versions is not None:
+                    _set_versions(rerun.buffers, versions)  # (ScheduleExecutor._without_hooks)
             else:
                 torch._foreach_copy_(rerun.kept, rerun.buffers)
             self.buffers_kept = True
@@ -1836,6 +1887,28 @@ class _Run:
         if self.planned > self.planned_peak:
             self.planned_peak = self.planned
 
+    def _finish_hookless(self, i: int, found: tuple[torch.Tensor, ...]) -> None:
+        """:meth:`_finish_owned` for a managed node that ran without the saved-tensor hooks
+        (``ScheduleExecutor._hookless``): ``found`` has the tensors whose storages it owns, in the order of
+        ``ScheduleExecutor._owned_sources``, taken by the segment's code from its fx values and from what
+        their autograd nodes saved (``grad_fn._saved_*``). Autograd keeps its saved tensors as they are:
+        freeing one empties the storage it shares with them, and a rerun's bytes are swapped into it.
+        Pushing the hooks costs a Python call per saved tensor as autograd saves it and another as it reads
+        it back (a Conv+BatchNorm+ReLU6 group saves 9); the group's code reads the 2 statistics BatchNorm
+        saved from its autograd node instead (the rest are its fx values): 33 us against 14 us beyond a
+        plain forward and backward pass of such a group, warm."""
+        st = self.state[i]
+        st.n_packs = self.ex._hookless[i][1]
+        self.n_computes += 1
+        st.owned = st.held = tuple(
+            _Storage(storage, storage.nbytes(), i, source)
+            for storage, source in zip([t.untyped_storage() for t in found], self.ex._owned_sources[i], strict=True)
+        )
+        st.computed = st.in_ram = True
+        self.planned += self.ex._output_bytes[i]
+        if self.planned > self.planned_peak:
+            self.planned_peak = self.planned
+
     def _learnt_storages(self, i: int, packs: list[torch.Tensor], external: list[object]) -> tuple[_Storage, ...]:
         """Records of the storages managed node ``i`` owns, taken where the first step found them
         (``ScheduleExecutor._owned_places``): among the tensors it saved (``packs``) and its external
@@ -1856,9 +1929,11 @@ class _Run:
         elif hooks is not None:
             hooks.__exit__(None, None, None)
 
-    def _finish_in_segment(self, i: int, external: Sequence[object]) -> None:
+    def _finish_in_segment(self, i: int, external: Sequence[object], members: tuple[object, ...] | None = None) -> None:
         self.n_computes += 1
         self._finish(i, dict(zip(self.ex._external[i], external, strict=True)), list(external), in_segment=True)
+        if members is not None and self.owned_sources.get(i) is not None:
+            self.hookless[i] = self._hookless_places(i, members)
 
     def _finish(self, i: int, values: dict[str, object], hooked: object, in_segment: bool = False) -> None:
         """Forward node ``i`` has run (values: its external fx nodes'): hooks off, then record the
@@ -1928,6 +2003,35 @@ class _Run:
         if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
             self._hook_backward(i, hooked, defer=in_segment)
 
+    def _hookless_places(self, i: int, members: tuple[object, ...]) -> tuple[tuple[tuple[str, str | None], ...], int] | None:
+        """Where managed node ``i``'s storages (``st.owned``, just recorded by the first step) are found
+        without the saved-tensor hooks: each one the storage of one of its fx values (``(name, None)``) or
+        of a tensor that such a value's autograd node saved (``(name, "_saved_...")``), and how many tensors
+        it saved (``n_packs``: its reruns are checked against it); None if a storage is not found,
+        or if the node draws random numbers (its RNG state is kept as the hooks are switched on) or owns
+        an empty storage (whose address says nothing). Read through the checked unpack hook, in strict mode
+        only (a non-strict read of a storage not in RAM would fetch it)."""
+        st = self.state[i]
+        owned = st.owned
+        if not self.ex.strict or self.ex.draws_rng.get(i) or not owned or any(r.nbytes == 0 for r in owned) or st.n_packs == 0:
+            return None
+        where: dict[int, tuple[str, str | None]] = {}
+        names = [m.name for m in self.ex.binding.members[i]]
+        for name, value in zip(names, members, strict=True):
+            if isinstance(value, torch.Tensor):
+                where.setdefault(_key(value.untyped_storage()), (name, None))
+        for name, value in zip(names, members, strict=True):
+            fn = value.grad_fn if isinstance(value, torch.Tensor) else None
+            for attr in sorted(a for a in dir(fn) if a.startswith("_saved_")) if fn is not None else ():
+                try:
+                    saved = getattr(fn, attr)
+                except (RuntimeError, ExecutionError):
+                    continue
+                if isinstance(saved, torch.Tensor):
+                    where.setdefault(_key(saved.untyped_storage()), (name, attr))
+        places = tuple(where.get(_key(record.storage)) for record in owned)
+        return None if None in places else (places, st.n_packs)  # type: ignore[return-value]
+
     def _adopt(self, producer: int, storage: torch.UntypedStorage) -> _Storage:
         """A managed node's output shares unmanaged ``producer``'s memory (a view, an identity): the
         storage gets a record owned by the producer, held by it while it is in RAM, so that it is freed
@@ -1980,6 +2084,13 @@ class _Run:
         buffers, backup = ([], []) if kept else self.ex._group_buffers(i)
         if buffers:
             torch._foreach_copy_(backup, buffers)
+        # the buffers it writes, whose versions go back after it where it leaves them as they were saved: put
+        # back here, or reset before the backward pass (ScheduleExecutor._without_hooks); not those kept
+        # and put back after the backward pass
+        touched = None
+        if self.ex._hookless:
+            touched = buffers if not kept else self.ex._group_buffers(i)[0] if self.ex._backward_buffers.before_step is not None else None  # type: ignore[union-attr]
+        versions = [b._version for b in touched] if touched else None
         # The pack hook is ``recorded.append``: only the tensor is wanted (its storage is what the rerun made),
         # and the rerun's graph is never run backward, so autograd keeps nothing (append's None). Handing
         # ``t`` back would leak: a node that saves its own output (ReLU, BatchNorm's statistics) would hold it
@@ -2004,6 +2115,8 @@ class _Run:
                 torch.set_rng_state(rng_after)
         if buffers:
             _copy_buffers(buffers, backup)
+        if versions is not None:
+            _set_versions(touched, versions)
         try:
             if len(recorded) != st.n_packs:
                 raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
