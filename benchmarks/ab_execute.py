@@ -6,8 +6,9 @@ each copy land in memory, the machine's drift). Here both executors run the same
 process, interleaved with a plain step and ``bench_execute.py``'s hand step (the schedule's reruns and
 paging done by hand) in a rotating order, so that what moves the whole benchmark moves both alike.
 
-Each case is profiled on this host and planned by POET's MILP (``--time-limit`` per solve), as
-``bench_execute.py`` does; every executor's first step must give autograd's gradients bit for bit. All
+Each case is profiled on this host and runs the plan ``bench_execute.py`` keeps for it in
+``data/schedules`` (POET's MILP, ``--time-limit`` per solve, where none is kept yet): the same schedules from
+one run to the next, which a time-limited solve does not give; every executor's first step must give autograd's gradients bit for bit. All
 steps run on one copy of the model: two copies lie in different places in memory, which alone moves a
 small step by a few hundred microseconds. ``--base HEAD`` (the same executor twice) shows the floor:
 -60 to +20 us a step here.
@@ -51,7 +52,7 @@ from poetlab.torch_models import TORCH_MODELS, build_torch_model
 from poetlab.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_execute import HandStep, _drop_grads, _plain, _same_grads  # noqa: E402
+from bench_execute import SCHEDULES, HandStep, _drop_grads, _plain, _same_grads, planned_schedule  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "benchmarks" / "ab_execute.json"
@@ -114,7 +115,7 @@ def _parse_case(text: str) -> tuple[str, int, tuple[float, ...]]:
     return parsed
 
 
-def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, fractions, steps: int | None, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
+def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, fractions, steps: int | None, time_limit_s: float, paging_dir: str, schedules: Path | None = None) -> list[dict[str, object]]:
     profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
@@ -123,14 +124,10 @@ def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, frac
     n_steps = steps or max(100, min(500, math.ceil(3.0 / profile.model.step_runtime_s)))
     rows = []
     for fraction in fractions:
-        if fraction >= 1.0:
-            schedule = checkpoint_all_schedule(graph)
-        else:
-            solved = poetlab.solve(graph, costs, fraction * full, time_limit_s=time_limit_s)
-            if solved.schedule is None:
-                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": solved.status, "message": solved.message})
-                continue
-            schedule = solved.schedule
+        schedule, status, message = planned_schedule(graph, costs, fraction * full, f"{name}-x{batch_size}-{fraction:g}-poet", "poet", time_limit_s, schedules)
+        if schedule is None:
+            rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": status, "message": message})
+            continue
         # One copy of the model for every kind of step: where a copy's tensors lie in memory moves a small
         # step by a few hundred microseconds (bench_execute.py's plain_control_vs_plain), which two copies
         # would add to the difference. The gradients are reset before each step; the steps run one after
@@ -205,6 +202,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP solve")
     parser.add_argument("--paging-dir", default=None, help="where the paging files go (default: a temporary directory)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--schedules", type=Path, default=SCHEDULES, metavar="DIR", help="where each case's plan is kept and run again, as bench_execute.py's (default: data/schedules)")
     args = parser.parse_args()
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -219,7 +217,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm(cases, desc="executor A/B"):
-            rows += run_case(base, new, name, batch_size, fractions, args.steps, args.time_limit, paging_dir)
+            rows += run_case(base, new, name, batch_size, fractions, args.steps, args.time_limit, paging_dir, args.schedules)
     write_json_atomic(args.out, {
         "benchmark": "ab_execute",
         "base": revision,

@@ -7,7 +7,8 @@ small encoder) the host is profiled first (``poetlab.profile.profile_host``: per
 real files with fsync, one thread), which gives the cost model of the simulator's time prediction. POET's
 MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
 recompute, no paging; ResNet-18 at 50% also by POET's paging-only arm, ``planner: paging_only``, since
-the free MILP pages or not from run to run) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
+the free MILP pages or not from run to run; each plan is kept in ``data/schedules`` and run again by later
+runs, ``--replan`` plans them anew: ``planned_schedule``) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
 steps on the same copy of the model (and with prefetching page-ins where the schedule pages), in a
 rotating order (at least ``--repeats`` steps of each, and enough to time 3 s of plain steps, up to 300:
 a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
@@ -83,7 +84,7 @@ from poetlab.allocations import measure_allocations
 from poetlab.execute import ScheduleExecutor, _bind, _generated, _group_function, memory_allowance_bytes, retain_freed_memory
 from poetlab.paging import PageStore
 from poetlab.profile import profile_host
-from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.schedule import OpKind, Schedule, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
 from poetlab.trace import trace
 
@@ -102,6 +103,8 @@ CASES = [
 #: (model, batch sizes) of the checkpoint-all overhead sweep
 SWEEP = [("resnet18_cifar_torch", (4, 16)), ("mobilenetv2_torch", (2, 8, 16)), ("bert_small_torch", (8, 32))]
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "benchmarks" / "execute.json"
+#: where the cases' plans are kept (planned_schedule)
+SCHEDULES = Path(__file__).resolve().parents[1] / "data" / "schedules"
 
 
 def _plain(module, inputs, targets, loss_fn) -> tuple[float, float]:
@@ -288,12 +291,36 @@ class HandStep:
 MIN_TIMED_S, MAX_STEPS = 3.0, 300
 
 
+def planned_schedule(graph, costs, budget: float, key: str, planner: str, time_limit_s: float, schedules: Path | None, replan: bool = False) -> tuple[Schedule | None, str, str]:
+    """(schedule, status, message) of one case: checkpoint-all at a budget of its peak or more, else POET's
+    MILP (its paging-only arm for ``planner`` PAGING_ONLY) under ``time_limit_s``.
+
+    With ``schedules`` (a folder: ``SCHEDULES``, tracked, unless told otherwise), the plan is kept there as
+    ``KEY.json`` and read back on the next run (status ``loaded``; ``replan`` plans it again and keeps the
+    new one): a time-limited MILP returns another schedule from run to run, and the executor's own time
+    follows the schedule it runs (the in-process A/B gave one executor +4.3% and +6.8% of a plain step on
+    MobileNetV2 x2 at 50% with two runs' schedules), so runs that compare executors, from one stop to the
+    next too, should run the same plans. A kept plan must still fit the budget on this run's graph."""
+    if budget >= simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes:
+        return checkpoint_all_schedule(graph), "checkpoint_all", ""
+    path = schedules / f"{key}.json" if schedules is not None else None
+    if path is not None and path.exists() and not replan:
+        schedule = Schedule.load(path)
+        if schedule.n_nodes != graph.n_nodes or simulate(schedule, graph, costs).peak_ram_bytes > budget:
+            raise SystemExit(f"{path}: planned for another graph or budget; delete it to plan this case again")
+        return schedule, "loaded", f"from {path}"
+    solved = poetlab.solve(graph, costs, budget, time_limit_s=time_limit_s, remat=planner != PAGING_ONLY)
+    if solved.schedule is not None and path is not None:
+        solved.schedule.save(path)
+    return solved.schedule, solved.status, solved.message
+
+
 def _steps(repeats: int, step_s: float) -> int:
     """How many steps of each kind to time: ``repeats``, or more for a step shorter than MIN_TIMED_S / repeats."""
     return max(repeats, min(MAX_STEPS, math.ceil(MIN_TIMED_S / step_s)))
 
 
-def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str) -> list[dict[str, object]]:
+def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: float, paging_dir: str, schedules: Path | None = None, replan: bool = False) -> list[dict[str, object]]:
     profile = profile_host(paging_dir, model=name, batch_size=batch_size, fuse=True, repeats=15, threads=1)
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
@@ -305,14 +332,10 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
     for case in fractions:
         fraction, planner = case if isinstance(case, tuple) else (case, "poet")
         budget = fraction * full
-        if fraction >= 1.0:
-            schedule, status = checkpoint_all_schedule(graph), "checkpoint_all"
-        else:
-            solved = poetlab.solve(graph, costs, budget, time_limit_s=time_limit_s, remat=planner != PAGING_ONLY)
-            if solved.schedule is None:
-                rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "planner": planner, "status": solved.status, "message": solved.message})
-                continue
-            schedule, status = solved.schedule, solved.status
+        schedule, status, message = planned_schedule(graph, costs, budget, f"{name}-x{batch_size}-{fraction:g}-{planner}", planner, time_limit_s, schedules, replan)
+        if schedule is None:
+            rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "planner": planner, "status": status, "message": message})
+            continue
         predicted = simulate(schedule, graph, costs)
         # Every timed step (plain, executed, by hand) runs on one copy of the model, its gradients reset
         # before each, as ab_execute.py's do: where a copy's tensors lie in memory moves a small step by a
@@ -524,6 +547,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--paging-dir", default=None, help="where the paging files go (default: a temporary directory)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--schedules", type=Path, default=SCHEDULES, metavar="DIR", help="where each case's plan is kept (MODEL-xBATCH-FRACTION-PLANNER.json) and run again on later runs (default: data/schedules)")
+    parser.add_argument("--replan", action="store_true", help="plan every case again with the MILP and keep the new plans")
     parser.add_argument("--malloc-defaults", action="store_true", help="leave glibc's malloc as it is (no retain_freed_memory): to see the page faults it causes")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as profiled
@@ -532,7 +557,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.paging_dir) as paging_dir:
         for name, batch_size, fractions in tqdm([c for c in CASES if c[0] in args.models], desc="execute benchmark"):
-            rows += run_case(name, batch_size, fractions, args.repeats, args.time_limit, paging_dir)
+            rows += run_case(name, batch_size, fractions, args.repeats, args.time_limit, paging_dir, args.schedules, args.replan)
     sweep = [overhead_by_batch(name, batch_size, args.repeats) for name, sizes in SWEEP if name in args.models for batch_size in sizes]
     ok = [r for r in rows if "measured_peak_bytes" in r]
     summary = {

@@ -17,7 +17,7 @@ from poetlab.torch_models import build_torch_model
 from poetlab.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_execute import HandStep  # noqa: E402  (a script's class, not the package's)
+from bench_execute import HandStep, planned_schedule  # noqa: E402  (a script's class, not the package's)
 
 
 def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
@@ -43,3 +43,24 @@ def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
         finally:
             handle.remove()
         assert len(outputs) == 2 and torch.equal(outputs[0], outputs[1]) == same, rng_nodes
+
+
+def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
+    """``--schedules``: the first run plans a case with the MILP and keeps the plan; the next runs load that
+    very schedule (a time-limited solve may return another); a kept plan that no longer fits the budget
+    stops the run with the file named; checkpoint-all is never kept."""
+    import pytest
+
+    from small_graphs import residual
+
+    graph = residual()
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    solved, status, _ = planned_schedule(graph, costs, 0.7 * full, "residual-0.7", "poet", 10.0, tmp_path)
+    assert solved is not None and status != "loaded" and (tmp_path / "residual-0.7.json").exists()
+    loaded, status, message = planned_schedule(graph, costs, 0.7 * full, "residual-0.7", "poet", 10.0, tmp_path)
+    assert status == "loaded" and loaded == solved and "residual-0.7.json" in message
+    with pytest.raises(SystemExit, match="residual-0.7.json"):
+        planned_schedule(graph, costs, 0.1 * full, "residual-0.7", "poet", 10.0, tmp_path)
+    assert planned_schedule(graph, costs, full, "residual-1", "poet", 10.0, tmp_path)[1] == "checkpoint_all"
+    assert not (tmp_path / "residual-1.json").exists()

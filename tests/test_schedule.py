@@ -127,3 +127,36 @@ def test_page_ins_the_next_stage_does_not_keep_are_dropped(chain):
     S_RAM = m.S_RAM.copy()
     S_RAM[4, 0] = True  # now stage 4 keeps it: the page-in is carried out
     assert Schedule.from_matrices(graph, m.R, S_RAM, m.S_SSD, kept, m.M_OUT).count(IN) == 1
+
+
+def test_a_schedule_round_trips_through_its_file(tmp_path):
+    """Schedule.save/load: the same operations back, and a time-limited plan can be kept and run again;
+    a file that is not a schedule, or one with a node out of range, is one line that names the file."""
+    from poetlab import ScheduleFileError
+    from poetlab.heuristics import greedy_paging_schedule
+
+    graph = residual()
+    costs = CostModel.from_flops(graph, load_platform("a72"))
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    schedule = greedy_paging_schedule(graph, costs, 0.7 * full)
+    assert schedule.count(OpKind.PAGE_OUT)  # (every kind of row, not only computes and frees)
+    path = schedule.save(tmp_path / "plans" / "residual.json")
+    loaded = Schedule.load(path)
+    assert loaded == schedule
+    assert simulate(loaded, graph, costs).energy_j == simulate(schedule, graph, costs).energy_j
+    bad = {
+        "not json": "{",
+        "not a schedule": '{"format": "poetlab.TrainingGraph", "version": 1}',
+        "a newer version": '{"format": "poetlab.Schedule", "version": 2, "n_nodes": 1, "ops": []}',
+        "an unknown kind": '{"format": "poetlab.Schedule", "version": 1, "n_nodes": 1, "ops": [["swap", 0, 0]]}',
+        "a node out of range": '{"format": "poetlab.Schedule", "version": 1, "n_nodes": 1, "ops": [["compute", 1, 0]]}',
+        "a row too short": '{"format": "poetlab.Schedule", "version": 1, "n_nodes": 1, "ops": [["compute", 0]]}',
+        "a stage that is not a number": '{"format": "poetlab.Schedule", "version": 1, "n_nodes": 1, "ops": [["compute", 0, true]]}',
+    }
+    for what, text in bad.items():
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ScheduleFileError) as caught:
+            Schedule.load(tmp_path / "bad.json")
+        assert str(tmp_path / "bad.json") in str(caught.value) and "\n" not in str(caught.value), what
+    with pytest.raises(ScheduleFileError, match="cannot read"):
+        Schedule.load(tmp_path / "missing.json")

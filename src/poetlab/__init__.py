@@ -12,6 +12,7 @@ from poetlab.errors import (
     OutputError,
     PlatformSpecError,
     PoetlabError,
+    ScheduleFileError,
     UnknownNameError,
 )
 from poetlab.execute import ExecutionError, ExecutionResult, ScheduleExecutor, execute
@@ -53,6 +54,7 @@ __all__ = [
     "ExecutionResult",
     "ScheduleExecutor",
     "GraphFileError",
+    "ScheduleFileError",
     "GraphSummary",
     "HostProfile",
     "InvalidArgumentError",

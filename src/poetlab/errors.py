@@ -36,5 +36,9 @@ class GraphFileError(PoetlabError, ValueError):
     """A training-graph JSON file that is missing, unreadable or inconsistent."""
 
 
+class ScheduleFileError(PoetlabError, ValueError):
+    """A schedule JSON file that is missing, unreadable or inconsistent."""
+
+
 class OutputError(PoetlabError, OSError):
     """An output that could not be written (no space, no permission, a missing directory)."""

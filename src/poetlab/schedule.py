@@ -16,13 +16,20 @@ derived from any schedule and built back from it.
 from __future__ import annotations
 
 import enum
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from poetlab._io import write_text_atomic
 from poetlab.costs import CostModel
-from poetlab.errors import PoetlabError
+from poetlab.errors import PoetlabError, ScheduleFileError
 from poetlab.graph import TrainingGraph
+
+#: the version of the JSON that :meth:`Schedule.to_json` writes
+SCHEDULE_FORMAT_VERSION = 1
 
 
 class OpKind(enum.Enum):
@@ -97,6 +104,48 @@ class Schedule:
     def n_recomputes(self) -> int:
         """Computations beyond the first of each node."""
         return len(self.recomputed_nodes())
+
+    def to_json(self) -> str:
+        """The schedule as JSON: its node count and one ``[kind, node, stage]`` row per operation, so that a
+        plan can be kept and run again (a time-limited MILP may return another one on the next solve)."""
+        rows = ",\n".join(json.dumps([op.kind.value, op.node, op.stage]) for op in self.ops)
+        return f'{{"format": "poetlab.Schedule", "version": {SCHEDULE_FORMAT_VERSION}, "n_nodes": {self.n_nodes}, "ops": [\n{rows}\n]}}\n'
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "schedule") -> Schedule:
+        """The schedule :meth:`to_json` wrote; :class:`ScheduleFileError` names what is wrong with any
+        other text. Whether it runs on a graph is :func:`simulate`'s to say."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ScheduleFileError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict) or data.get("format") != "poetlab.Schedule":
+            raise ScheduleFileError(f"{origin}: not a poetlab schedule (missing format: poetlab.Schedule)")
+        if data.get("version") != SCHEDULE_FORMAT_VERSION:
+            raise ScheduleFileError(f"{origin}: schedule format version {data.get('version')!r} is not supported (expected {SCHEDULE_FORMAT_VERSION}); plan it again with this poetlab")
+        try:
+            n_nodes = data["n_nodes"]
+            ops = tuple(Op(OpKind(kind), node, stage) for kind, node, stage in data["ops"])
+        except (KeyError, TypeError, ValueError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ScheduleFileError(f"{origin}: invalid schedule: {detail}") from None
+        numbers = [n_nodes, *(v for op in ops for v in (op.node, op.stage))]
+        if any(type(v) is not int or v < 0 for v in numbers) or any(op.node >= n_nodes for op in ops):
+            raise ScheduleFileError(f"{origin}: invalid schedule: nodes and stages must be whole numbers from 0, nodes below n_nodes ({n_nodes!r})")
+        return cls(n_nodes, ops)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the schedule as JSON, atomically."""
+        return write_text_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Schedule:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ScheduleFileError(f"{path}: cannot read the schedule file ({exc})") from None
+        return cls.from_json(text, str(path))
 
     def recomputed_nodes(self) -> list[int]:
         """The node of each computation beyond its node's first, in schedule order (what a cost model
