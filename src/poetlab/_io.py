@@ -52,3 +52,23 @@ def read_text_or_raise(path: Path, error: type[PoetlabError], missing: str, unre
         raise error(f"{path}: {missing}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{path}: {unreadable} ({exc})") from None
+
+
+def read_json_file(path: str | os.PathLike[str], error: type[PoetlabError], what: str) -> object:
+    """The JSON that ``path`` holds; ``error`` with one line naming the file (``what`` says which kind) if
+    it cannot be read or is not JSON. What the data must be is the caller's to check."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read the {what} file ({exc})") from None
+    return parse_json(text, str(path), error)
+
+
+def parse_json(text: str, origin: str, error: type[PoetlabError]) -> object:
+    """``text`` parsed as JSON; ``error`` with one line naming ``origin`` where it is not."""
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from poetlab._io import write_text_atomic
+from poetlab._io import parse_json, read_json_file, write_text_atomic
 from poetlab.errors import GraphFileError, InvalidArgumentError
 
 GRAPH_FORMAT_VERSION = 1
@@ -186,11 +186,7 @@ class TrainingGraph:
 
     @classmethod
     def from_json(cls, text: str, origin: str = "graph") -> TrainingGraph:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise GraphFileError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        return cls.from_dict(data, origin)
+        return cls.from_dict(parse_json(text, origin, GraphFileError), origin)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the graph as JSON, atomically."""
@@ -198,12 +194,7 @@ class TrainingGraph:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TrainingGraph:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise GraphFileError(f"{path}: cannot read the graph file ({exc})") from None
-        return cls.from_json(text, str(path))
+        return cls.from_dict(read_json_file(path, GraphFileError, "graph"), str(path))
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

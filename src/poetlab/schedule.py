@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from poetlab._io import write_text_atomic
+from poetlab._io import parse_json, read_json_file, write_text_atomic
 from poetlab.costs import CostModel
 from poetlab.errors import PoetlabError, ScheduleFileError
 from poetlab.graph import TrainingGraph
@@ -115,10 +115,10 @@ class Schedule:
     def from_json(cls, text: str, origin: str = "schedule") -> Schedule:
         """The schedule :meth:`to_json` wrote; :class:`ScheduleFileError` names what is wrong with any
         other text. Whether it runs on a graph is :func:`simulate`'s to say."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ScheduleFileError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls._from_data(parse_json(text, origin, ScheduleFileError), origin)
+
+    @classmethod
+    def _from_data(cls, data: object, origin: str) -> Schedule:
         if not isinstance(data, dict) or data.get("format") != "poetlab.Schedule":
             raise ScheduleFileError(f"{origin}: not a poetlab schedule (missing format: poetlab.Schedule)")
         if data.get("version") != SCHEDULE_FORMAT_VERSION:
@@ -140,12 +140,7 @@ class Schedule:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Schedule:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ScheduleFileError(f"{path}: cannot read the schedule file ({exc})") from None
-        return cls.from_json(text, str(path))
+        return cls._from_data(read_json_file(path, ScheduleFileError, "schedule"), str(path))
 
     def recomputed_nodes(self) -> list[int]:
         """The node of each computation beyond its node's first, in schedule order (what a cost model
