@@ -56,11 +56,8 @@ def read_text_or_raise(path: Path, error: type[PoetlabError], missing: str, unre
 
 def read_json_file(path: str | os.PathLike[str], error: type[PoetlabError], what: str) -> object:
     """The JSON that ``path`` holds; ``error`` with one line naming the file (``what`` says which kind) if
-    it cannot be read or is not JSON. What the data must be is the caller's to check."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: cannot read the {what} file ({exc})") from None
+    it is missing, cannot be read or is not JSON. What the data must be is the caller's to check."""
+    text = read_text_or_raise(Path(path), error, f"cannot read the {what} file (no such file)", f"cannot read the {what} file")
     return parse_json(text, str(path), error)
 
 
