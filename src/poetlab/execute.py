@@ -2089,8 +2089,10 @@ class _Run:
         # back here, or reset before the backward pass (ScheduleExecutor._without_hooks); not those kept
         # and put back after the backward pass
         touched = None
-        if self.ex._hookless:
-            touched = buffers if not kept else self.ex._group_buffers(i)[0] if self.ex._backward_buffers.before_step is not None else None  # type: ignore[union-attr]
+        if self.ex._hookless and not kept:
+            touched = buffers
+        elif self.ex._hookless and self.ex._backward_buffers.before_step is not None:  # type: ignore[union-attr]
+            touched = self.ex._group_buffers(i)[0]
         versions = [b._version for b in touched] if touched else None
         # The pack hook is ``recorded.append``: only the tensor is wanted (its storage is what the rerun made),
         # and the rerun's graph is never run backward, so autograd keeps nothing (append's None). Handing
