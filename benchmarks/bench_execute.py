@@ -53,6 +53,12 @@ executed and hand steps all run on one copy of the model (gradients reset before
 ``ab_execute.py``'s do: ``plain_control_vs_plain`` times plain steps on a second copy beside them, and
 shows what that leaves out (where the copies lie moves a small step by a few hundred microseconds).
 
+Where the schedule only recomputes, each node at most once, the same reruns are also done by the tool a
+PyTorch user reaches for, ``torch.utils.checkpoint`` (``CheckpointStep``: each run of consecutive rerun
+nodes checkpointed, ``checkpoint_grads_equal`` checks it is the same step): ``executed_vs_checkpoint`` is
+the executed step's CPU time less the checkpoint step's, over a plain step; below zero, the executor's
+machinery costs less than PyTorch's own for the same reruns.
+
 The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
 so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
 (no node managed) against plain steps at several batch sizes (thread CPU time, interleaved, median and
@@ -66,6 +72,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import operator
 import os
 import platform as host
 import resource
@@ -76,6 +83,7 @@ from pathlib import Path
 
 import torch
 from torch import fx
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from tqdm.auto import tqdm
 
 import poetlab
@@ -283,6 +291,91 @@ class HandStep:
         return time.thread_time() - start, self.rerun_cpu_s, paging_cpu_s
 
 
+class _Checkpointed(torch.nn.Module):
+    """A run of the model's nodes under ``torch.utils.checkpoint.checkpoint`` (non-reentrant, the random
+    state preserved: dropout's masks are drawn again alike), as one module call of :class:`CheckpointStep`'s
+    code. ``run`` is generated code on the model's own modules (``poetlab.execute._group_function``). Its
+    rerun runs the whole run of nodes, as the schedule's does: checkpoint's early stop (on by default) would
+    end it after the last tensor it saves, skipping what comes after (a layer's last operations)."""
+
+    def __init__(self, run):
+        super().__init__()
+        self.run = run
+
+    def forward(self, *args):
+        with set_checkpoint_early_stop(False):
+            return checkpoint(self.run, *args, use_reentrant=False, preserve_rng_state=True)
+
+
+class CheckpointStep:
+    """A plain step in which PyTorch's own tool does the schedule's reruns: the model's fx code with each run
+    of consecutive forward nodes that the schedule recomputes wrapped in ``torch.utils.checkpoint``
+    (:class:`_Checkpointed`). Checkpoint keeps a run's inputs and frees what it saved, and in the backward
+    pass reruns it, with grad on and its saved tensors collected by saved-tensor hooks, when autograd first
+    reads one of them: the work a schedule that reruns each of those nodes once in the backward pass asks
+    for. Its time beyond a plain step is its reruns and PyTorch's own machinery for them, what a user who
+    checkpoints by hand pays; the executed step's time beside it compares the two machineries on the same
+    reruns. Only for such schedules (:meth:`for_schedule`): nothing paged, each node rerun at most once.
+    BatchNorm's running statistics are updated again by checkpoint's reruns (torch.utils.checkpoint does
+    not put them back; the executor does), which changes no gradient in training mode."""
+
+    def __init__(self, gm: fx.GraphModule, runs: list[list[int]], loss_fn):
+        self.gm, self.runs, self.loss_fn = gm, runs, loss_fn  # (runs: the graph's nodes under each checkpoint)
+
+    @classmethod
+    def for_schedule(cls, module: torch.nn.Module, graph, schedule: Schedule, loss_fn) -> "CheckpointStep | None":
+        """The checkpoint step doing ``schedule``'s reruns, or None where checkpoint cannot (paging, a node
+        rerun twice, no rerun, or a run of nodes whose fx code another node's interleaves)."""
+        if any(op.kind not in (OpKind.COMPUTE, OpKind.FREE) for op in schedule.ops):
+            return None
+        gm = fx.symbolic_trace(module)
+        binding = _bind(graph, gm)
+        reruns = [i for i in schedule.recomputed_nodes() if i not in binding.inputs]
+        if not reruns or len(set(reruns)) != len(reruns) or any(binding.forward_of[i] is not None for i in reruns):
+            return None
+        runs: list[list[int]] = []
+        for i in sorted(reruns):
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        copied = fx.Graph()
+        mapping: dict[fx.Node, fx.Node] = {}
+        copied.output(copied.graph_copy(gm.graph, mapping))
+        for k, run in enumerate(runs):
+            members = [m for i in run for m in binding.members[i]]
+            inside = set(members)
+            external = [m for m in members if any(user not in inside for user in m.users)]
+            compiled = _group_function(gm, members, [m.name for m in external])
+            name = f"poetlab_checkpoint_{k}"
+            gm.add_submodule(name, _Checkpointed(compiled.run))
+            copies = [mapping[m] for m in members]
+            with copied.inserting_after(copies[-1]):
+                call = copied.call_module(name, tuple(mapping[d] for d in compiled.deps))
+            with copied.inserting_after(call):
+                for index, m in reversed(list(enumerate(external))):
+                    value = copied.call_function(operator.getitem, (call, index))
+                    mapping[m].replace_all_uses_with(value)
+                    mapping[m] = value  # (a later run may read it)
+            for c in reversed(copies):
+                copied.erase_node(c)
+        try:
+            copied.lint()
+        except RuntimeError:  # (a node outside a run reads a value of the run before the run ends)
+            return None
+        return cls(_generated(gm, copied), runs, loss_fn)
+
+    def step(self, inputs, targets) -> float:
+        """Thread CPU time of the step, its autograd graph let go inside it (as in a plain step)."""
+        start = time.thread_time()
+        out = self.gm(*inputs) if isinstance(inputs, (tuple, list)) else self.gm(inputs)
+        loss = self.loss_fn(out, targets)
+        del out
+        loss.backward()
+        del loss
+        return time.thread_time() - start
+
+
 #: the least plain-step time each kind of step of a case is timed for: a 5 ms step's medians over 15 steps moved
 #: by +-3% from run to run, so small steps run more of them (up to MAX_STEPS). Raised from 1.5 s and 100 steps:
 #: the small steps' own time beyond the hand step moved by about +-1% of a step from run to run, on a target
@@ -359,6 +452,14 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         torch.set_rng_state(rng)
         hand.step(model.inputs, model.targets)
         hand_grads_equal = _same_grads(reference, shared)
+        # PyTorch's own tool doing the same reruns, where it can (CheckpointStep): the other machinery
+        checkpointed = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn)
+        checkpoint_grads_equal = None
+        if checkpointed is not None:
+            _drop_grads(shared)
+            torch.set_rng_state(rng)
+            checkpointed.step(model.inputs, model.targets)
+            checkpoint_grads_equal = _same_grads(reference, shared)
         prefetching = None
         if predicted.n_pageins:
             prefetching = ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
@@ -384,8 +485,12 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             _drop_grads(shared)
             return hand.step(model.inputs, model.targets)
 
+        def checkpoint_step():
+            _drop_grads(shared)
+            return checkpointed.step(model.inputs, model.targets)
+
         steps = _steps(repeats, profile.model.step_runtime_s)
-        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": hand_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {})}, steps)
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": hand_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {}), **({"checkpoint": checkpoint_step} if checkpointed else {})}, steps)
         plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
         exec_s = [wall for wall, _, _ in timed["scheduled"]]
         exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
@@ -460,6 +565,13 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "hand_side_effect_vs_plain": statistics.median(b - r for b, r in zip(reference_beyond_paging_s, reference_rerun_s, strict=True)) / statistics.median(plain_cpu_s) - 1,
             # the executor's own time: its step less the hand step, both with their paging calls' CPU time left out, over a plain step
             "machinery_overhead_vs_hand_step": (statistics.median(exec_beyond_paging_s) - statistics.median(reference_beyond_paging_s)) / statistics.median(plain_cpu_s),
+            # the same reruns by torch.utils.checkpoint (CheckpointStep; None where the schedule pages or reruns a node twice)
+            "checkpoint_runs": checkpointed.runs if checkpointed else None,
+            "checkpoint_grads_equal": checkpoint_grads_equal,
+            "median_checkpoint_cpu_s": statistics.median(timed["checkpoint"]) if checkpointed else None,
+            "checkpoint_vs_plain": statistics.median(timed["checkpoint"]) / statistics.median(plain_cpu_s) - 1 if checkpointed else None,
+            # the executed step less the checkpoint step, over a plain step: one machinery against the other
+            "executed_vs_checkpoint": (statistics.median(exec_cpu_s) - statistics.median(timed["checkpoint"])) / statistics.median(plain_cpu_s) if checkpointed else None,
             "median_plain_control_cpu_s": statistics.median(timed["plain_control"]),
             "plain_control_vs_plain": statistics.median(timed["plain_control"]) / statistics.median(plain_cpu_s) - 1,
             "median_recompute_cpu_s": statistics.median(exec_recompute_s),
@@ -492,6 +604,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             f"own time {row['machinery_overhead_vs_plain']:+.1%} of plain, {row['machinery_overhead_vs_hand_step']:+.1%} beyond a step doing its "
             f"{hand.n_reruns} reruns and {hand.n_pageouts} page-outs by hand (whose side effect is {row['hand_side_effect_vs_plain']:+.1%}); "
             f"a second plain copy {row['plain_control_vs_plain']:+.1%}"
+            + (f"; torch.utils.checkpoint doing its reruns {row['checkpoint_vs_plain']:+.1%} of plain, the executor {row['executed_vs_checkpoint']:+.1%} of plain against it" if checkpointed else "")
         )
         tqdm.write(
             f"{name} x{batch_size} @ {fraction:.2f} ({planner}): {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
@@ -571,6 +684,9 @@ def main() -> None:
         "machinery_overhead_vs_hand_step": {_case(r): float(r["machinery_overhead_vs_hand_step"]) for r in ok},
         "hand_side_effect_vs_plain": {_case(r): float(r["hand_side_effect_vs_plain"]) for r in ok},
         "all_hand_step_grads_equal": all(r["hand_step_grads_equal"] for r in ok),
+        # the executed step less torch.utils.checkpoint doing the same reruns, over a plain step (where it can)
+        "executed_vs_checkpoint": {_case(r): float(r["executed_vs_checkpoint"]) for r in ok if r["executed_vs_checkpoint"] is not None},
+        "all_checkpoint_grads_equal": all(r["checkpoint_grads_equal"] for r in ok if r["checkpoint_grads_equal"] is not None),
         "plain_control_vs_plain": {_case(r): float(r["plain_control_vs_plain"]) for r in ok},
         "overhead_beyond_predicted_vs_plain": {_case(r): float(r["overhead_beyond_predicted_vs_plain"]) for r in ok},
         "recompute_vs_prediction": {_case(r): float(r["recompute_vs_prediction"]) for r in ok if r["recompute_vs_prediction"] is not None},

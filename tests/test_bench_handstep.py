@@ -1,23 +1,25 @@
-"""The benchmarks' reference step (``benchmarks/bench_execute.py``'s ``HandStep``): the executor's own time is
-what its steps take beyond this one, so its reruns must be the schedule's reruns, the random numbers that
-dropout drew in the forward pass included."""
+"""The benchmarks' reference steps (``benchmarks/bench_execute.py``): ``HandStep``, beyond which the executor's
+own time is measured, so its reruns must be the schedule's reruns, the random numbers that dropout drew in the
+forward pass included; and ``CheckpointStep``, torch.utils.checkpoint doing the same reruns."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import torch
+from torch import fx
 
 import poetlab
-from poetlab.execute import ScheduleExecutor
-from poetlab.heuristics import greedy_remat_schedule
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.execute import ScheduleExecutor, _bind
+from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
 from poetlab.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_execute import HandStep, planned_schedule  # noqa: E402  (a script's class, not the package's)
+from bench_execute import CheckpointStep, HandStep, planned_schedule  # noqa: E402  (a script's class, not the package's)
 
 
 def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
@@ -64,3 +66,41 @@ def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
         planned_schedule(graph, costs, 0.1 * full, "residual-0.7", "poet", 10.0, tmp_path)
     assert planned_schedule(graph, costs, full, "residual-1", "poet", 10.0, tmp_path)[1] == "checkpoint_all"
     assert not (tmp_path / "residual-1.json").exists()
+
+
+def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_checkpoint():
+    """``CheckpointStep`` wraps each run of consecutive nodes the schedule recomputes in torch.utils.checkpoint:
+    every module of those nodes, and no other, is called twice in a step (its forward pass and its rerun),
+    and the gradients are a plain step's bit for bit (dropout's masks drawn again alike). A schedule that
+    pages, or reruns nothing, has no such step."""
+    model = build_torch_model("bert_small_torch", 2, seed=0)
+    module = model.module.train()
+    graph = trace(module, model.inputs, model.loss_fn, model.targets, fuse=False)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    schedule = greedy_remat_schedule(graph, costs, 0.95 * full)
+    assert schedule is not None and schedule.n_recomputes > 0
+    shared, reference = copy.deepcopy(module), copy.deepcopy(module)
+    step = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn)
+    assert step is not None
+    rerun = {i for i in schedule.recomputed_nodes() if graph.nodes[i].kind != "input"}
+    assert sorted(i for run in step.runs for i in run) == sorted(rerun)
+    members = _bind(graph, fx.symbolic_trace(shared)).members
+    calls: dict[str, int] = {}  # (each module the trace calls: the encoder's layers are one call each)
+    for i in range(graph.n_nodes):
+        for m in members[i]:
+            if m.op == "call_module":
+                name = str(m.target)
+                shared.get_submodule(name).register_forward_hook(lambda _m, _i, _o, name=name: calls.__setitem__(name, calls.get(name, 0) + 1))
+    rng = torch.get_rng_state()
+    model.loss_fn(reference(model.inputs), model.targets).backward()
+    torch.set_rng_state(rng)
+    step.step(model.inputs, model.targets)
+    ours = {str(m.target) for i in rerun for m in members[i] if m.op == "call_module"}
+    assert ours and {name for name, n in calls.items() if n == 2} == ours
+    assert all(n == 1 for name, n in calls.items() if name not in ours)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), shared.parameters(), strict=True))
+    assert CheckpointStep.for_schedule(shared, graph, checkpoint_all_schedule(graph), model.loss_fn) is None
+    paging = greedy_paging_schedule(graph, costs, 0.97 * full)
+    assert paging is not None and any(op.kind is OpKind.PAGE_OUT for op in paging.ops)
+    assert CheckpointStep.for_schedule(shared, graph, paging, model.loss_fn) is None
