@@ -108,18 +108,24 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     # an older profile without the forward pass's time: one factor for all nodes
     older = CostModel.from_profile(graph, HostProfile.from_dict({**loaded.to_dict(), "model": {**loaded.to_dict()["model"], "forward_runtime_s": None}}))
     assert np.allclose(older.runtime_s, raw.runtime_s * model.step_runtime_s / model.node_runtime_sum_s)
-    # reruns: each forward node (not the input, not the loss) was also timed in the middle of a backward
-    # pass, and a recompute is priced at its calibrated time scaled by that slowdown
-    timed = [g.kind not in ("input", "loss") and not g.is_backward for g in graph.nodes]
-    assert [n.rerun_s is not None for n in model.nodes] == timed
+    # reruns: each forward node (not the input, not the loss) was also timed rerun in the middle of a
+    # backward pass of a whole step, and a recompute is priced at that time as it is (calibrated or not),
+    # its energy at the node's probed power; the other nodes' reruns at their (calibrated) compute
+    timed = np.array([g.kind not in ("input", "loss") and not g.is_backward for g in graph.nodes])
+    assert [n.rerun_s is not None for n in model.nodes] == timed.tolist()
     assert all(len(n.rerun_samples_s) == loaded.repeats and n.rerun_s > 0 for n in model.nodes if n.rerun_s is not None)
-    slowdown = np.array([n.rerun_s / n.runtime_s if n.rerun_s is not None else 1.0 for n in model.nodes])
-    assert np.allclose(costs.recompute_runtime_s, costs.runtime_s * slowdown)
-    assert np.allclose(costs.recompute_energy_j, costs.compute_energy_j * slowdown)
-    assert np.allclose(raw.recompute_runtime_s[timed], [n.rerun_s for n, t in zip(model.nodes, timed) if t])
-    assert np.allclose(older.recompute_runtime_s, older.runtime_s * slowdown)
+    reruns = np.array([n.rerun_s for n, t in zip(model.nodes, timed) if t])
+    for priced in (costs, raw, older):
+        assert np.allclose(priced.recompute_runtime_s[timed], reruns)
+        assert np.array_equal(priced.recompute_runtime_s[~timed], priced.runtime_s[~timed])
+    power = np.array([n.energy_j / n.runtime_s for n, t in zip(model.nodes, timed) if t])
+    assert np.allclose(costs.recompute_energy_j[timed], reruns * power)
     untimed = {**loaded.to_dict()["model"], "nodes": [{**n, "rerun_s": None, "rerun_samples_s": []} for n in loaded.to_dict()["model"]["nodes"]]}
     assert np.array_equal(CostModel.from_profile(graph, HostProfile.from_dict({**loaded.to_dict(), "model": untimed})).recompute_runtime_s, costs.runtime_s)
+    # a version 1 profile took its rerun times another way (grad off, interpreted): read without them
+    first = HostProfile.from_dict({**loaded.to_dict(), "version": 1})
+    assert all(n.rerun_s is None and n.rerun_samples_s == () for n in first.model.nodes)
+    assert np.array_equal(CostModel.from_profile(graph, first).recompute_runtime_s, costs.runtime_s)
     assert np.array_equal(costs.pagein_time_s, raw.pagein_time_s)  # paging is measured on its own, not scaled
     assert np.all(costs.pageout_time_s > 0) and costs.platform == "host"
     by_flops = CostModel.from_flops(trace_torch_model("bert_small_torch", fuse=True), loaded.platform())
@@ -175,6 +181,42 @@ def test_profile_model_times_every_node_and_leaves_the_module(tmp_path):
     assert timed.step_runtime_s > 0
     assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
     assert all(p.grad is None for p in module.parameters())
+
+
+class Spied(nn.Module):
+    """Tiny's shape, its middle layer noting how it is called: in a backward pass or not, with grad on or
+    off, with saved-tensor hooks on or not."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.lin2, self.lin3 = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+        self.calls: list[tuple[bool, bool, bool]] = []
+        self.lin2.register_forward_pre_hook(lambda *_: self.calls.append(
+            (torch._C._current_autograd_node() is not None, torch.is_grad_enabled(), torch._C._autograd._top_saved_tensors_default_hooks(False) is not None)
+        ))
+
+    def forward(self, x):
+        return self.lin3(torch.relu(self.lin2(torch.relu(self.lin1(x)))))
+
+
+def test_the_rerun_probe_reruns_a_node_as_the_executor_does():
+    """Each forward node is rerun in the middle of a backward pass with grad on and what autograd saves
+    collected (the executor's rerun, not a forward pass under the backward pass's grad mode, off), in one
+    step of every ``stride``: ``repeats`` samples each, from ``(warmup + repeats) * stride`` whole steps."""
+    from poetlab.profile import _rerun_samples
+    from poetlab.trace import _trace
+
+    torch.manual_seed(0)
+    module = Spied()
+    x, y = torch.randn(8, 16), torch.randint(4, (8,))
+    traced = _trace(module, (x,), nn.CrossEntropyLoss(), y, fuse=False, name="spied")
+    for stride in (1, 2):
+        module.calls.clear()
+        samples = _rerun_samples(traced, (x,), nn.CrossEntropyLoss(), y, repeats=3, warmup=1, clock="cpu", stride=stride)
+        in_backward = [call for call in module.calls if call[0]]
+        assert len(in_backward) == 3 + 1 and all(grad and hooked for _, grad, hooked in in_backward)
+        assert len(module.calls) - len(in_backward) == (3 + 1) * stride  # (the whole steps' forward passes)
+        assert samples and all(len(times) == 3 for times in samples.values())
 
 
 def test_paging_dir_errors(tmp_path, monkeypatch):

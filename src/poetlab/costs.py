@@ -57,8 +57,9 @@ class CostModel:
     ``recompute_runtime_s`` and ``recompute_energy_j`` price a node's second and later computes (a
     rerun); left out, they are its first compute's, as in the paper's flop model. A profiled host
     prices them apart (:meth:`from_profile`): a rerun in the backward pass finds its inputs and weights
-    evicted from the caches by the operations since (on this machine's CPU, nodes of a millisecond
-    reran in 1.1-1.6 times their time alone, the smallest in up to 5 times)."""
+    evicted from the caches by the operations since, and builds an autograd graph whose saved tensors the
+    executor collects (on this machine's CPU, nodes of a millisecond or more reran in 1.0-1.9 times their
+    time alone, the smallest in up to 12 times)."""
 
     platform: str
     runtime_s: np.ndarray
@@ -138,10 +139,11 @@ class CostModel:
         executed step times (benchmarks/bench_execute.py). ``calibrate=False`` gives the node times
         exactly as probed.
 
-        A rerun is priced at the node's (calibrated) time scaled by how much slower the same probe ran
-        in the middle of a backward pass than alone and warm (``NodeTiming.rerun_s`` over ``runtime_s``;
-        energy by the same factor, as at the same power), where the profile timed it; else at the node's
-        own time."""
+        A rerun is priced at its time as the profile measured it, rerun as the executor reruns it in the
+        middle of a backward pass of a whole step (``NodeTiming.rerun_s``: :func:`poetlab.profile._rerun_samples`),
+        as it is: it was timed inside a step, so there is nothing to calibrate; its energy at the node's
+        probed power (``energy_j / runtime_s``). Where the profile did not time it, a rerun costs the node's
+        (calibrated) compute."""
         timed = profile.model
         names = tuple(node.name for node in graph.nodes)
         if timed is None or tuple(node.name for node in timed.nodes) != names:
@@ -152,13 +154,18 @@ class CostModel:
             )
         runtime = np.array([node.runtime_s for node in timed.nodes], dtype=np.float64)
         energy = np.array([node.energy_j for node in timed.nodes], dtype=np.float64)
+        probed = np.array([node.rerun_s is not None for node in timed.nodes])
         rerun = np.array([node.runtime_s if node.rerun_s is None else node.rerun_s for node in timed.nodes], dtype=np.float64)
-        slowdown = np.divide(rerun, runtime, out=np.ones_like(runtime), where=runtime > 0)
+        rerun_energy = energy * np.divide(rerun, runtime, out=np.ones_like(runtime), where=runtime > 0)
         if calibrate:
             factor = _calibration(graph, runtime, timed.step_runtime_s, timed.forward_runtime_s)
             runtime, energy = runtime * factor, energy * factor
         costs = cls._with_paging(graph, profile.platform(), runtime, energy)
-        return replace(costs, recompute_runtime_s=runtime * slowdown, recompute_energy_j=energy * slowdown)
+        return replace(
+            costs,
+            recompute_runtime_s=np.where(probed, rerun, runtime),
+            recompute_energy_j=np.where(probed, rerun_energy, energy),
+        )
 
     @classmethod
     def _with_paging(cls, graph: TrainingGraph, platform: Platform, runtime_s: np.ndarray, energy_j: np.ndarray) -> CostModel:

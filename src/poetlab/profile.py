@@ -9,8 +9,9 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   shared machine wall time also counts the time spent waiting for a core, which inflates long runs (a
   whole step) far more than short ones (a node) and made their ratio meaningless under load. One whole plain training step (forward, loss, backward) is timed the same way,
   so that the sum of node times can be checked against it (``step_runtime_s``). Each forward node is
-  also timed rerun where a schedule reruns it, in the middle of the backward pass (``rerun_s``): the
-  cost model prices recomputes by it (:meth:`poetlab.costs.CostModel.from_profile`).
+  also timed rerun where a schedule reruns it, in the middle of the backward pass of a whole step, as the
+  executor reruns it (grad on, what autograd saves collected; ``rerun_s``): the cost model prices
+  recomputes by it (:meth:`poetlab.costs.CostModel.from_profile`).
 - **Flop rate**: a float32 matmul benchmark, so that a graph without per-node timings (a paper model, or
   another traced model) can still be costed on the host by its flops.
 - **Paging**: page-outs and page-ins of the executor's own :class:`~poetlab.paging.PageStore`, in a
@@ -57,7 +58,13 @@ from poetlab.platforms import Platform
 
 log = logging.getLogger("poetlab.profile")
 
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2
+#: versions still read: version 1's rerun times were taken another way (under the backward pass's grad mode,
+#: off, interpreted), which the cost model no longer prices by: read without them (reruns priced as computes)
+_READABLE_VERSIONS = (1, PROFILE_FORMAT_VERSION)
+#: the rerun probe reruns every RERUN_STRIDE-th forward node in a step, each in turn: a schedule reruns a few
+#: nodes, and rerunning all of them in every probed step priced MobileNetV2 x2's 10% above the executor's
+RERUN_STRIDE = 4
 #: Modeled compute power per busy core: the per-core share of an AMD EPYC 7763's 280 W TDP over its 64
 #: cores (AMD data sheet). An assumption for a shared server core, used only where RAPL cannot be read.
 MODEL_CORE_POWER_W = 280.0 / 64
@@ -209,8 +216,9 @@ class HostProfile:
     def from_dict(cls, data: object, origin: str = "profile") -> HostProfile:
         if not isinstance(data, dict) or data.get("format") != "poetlab.HostProfile":
             raise ProfileFileError(f"{origin}: not a poetlab host profile (missing format: poetlab.HostProfile); run `poetlab profile --platform host`")
-        if data.get("version") != PROFILE_FORMAT_VERSION:
+        if data.get("version") not in _READABLE_VERSIONS:
             raise ProfileFileError(f"{origin}: host profile version {data.get('version')!r} is not supported (expected {PROFILE_FORMAT_VERSION}); re-run `poetlab profile`")
+        reruns = data.get("version") == PROFILE_FORMAT_VERSION
         try:
             model = data.get("model")
             profile = cls(
@@ -223,7 +231,7 @@ class HostProfile:
                 warmup=int(data["warmup"]),
                 model=None if model is None else ModelProfile(
                     name=str(model["name"]), batch_size=int(model["batch_size"]), fused=bool(model["fused"]),
-                    nodes=tuple(_node_timing(n) for n in model["nodes"]),
+                    nodes=tuple(_node_timing(n, reruns) for n in model["nodes"]),
                     step_runtime_s=float(model["step_runtime_s"]), step_samples_s=tuple(model.get("step_samples_s", ())),
                     forward_runtime_s=None if model.get("forward_runtime_s") is None else float(model["forward_runtime_s"]),
                 ),
@@ -250,11 +258,11 @@ class HostProfile:
         return cls.from_dict(data, str(path))
 
 
-def _node_timing(data: dict) -> NodeTiming:
-    rerun = data.get("rerun_s")
+def _node_timing(data: dict, reruns: bool = True) -> NodeTiming:
+    rerun = data.get("rerun_s") if reruns else None
     return NodeTiming(
         str(data["name"]), float(data["runtime_s"]), float(data["energy_j"]), tuple(float(x) for x in data.get("samples_s", ())),
-        None if rerun is None else float(rerun), tuple(float(x) for x in data.get("rerun_samples_s", ())),
+        None if rerun is None else float(rerun), tuple(float(x) for x in data.get("rerun_samples_s", ())) if reruns else (),
     )
 
 
@@ -500,59 +508,80 @@ def profile_model(
     return graph, ModelProfile(name, batch_size, fuse, tuple(timings), step_s, step_samples, forward_s)
 
 
-def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: int, warmup: int, clock: str) -> dict[int, list[float]]:
-    """Per forward node (not an input, not the loss): the times of its probe (as timed alone) run in the
-    middle of a backward pass, from a pre-hook on the autograd node of its output, i.e. just before
-    autograd computes its gradient, where a checkpointing schedule reruns it. ``warmup + repeats`` whole
-    steps (the model as its fx trace, interpreted), every node rerun once in each; the first ``warmup``
-    steps' times are dropped.
+def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: int, warmup: int, clock: str, stride: int = RERUN_STRIDE) -> dict[int, list[float]]:
+    """Per forward node (not an input, not the loss): the times of its rerun as the executor reruns it, in
+    the middle of a backward pass: from a pre-hook on the autograd node of its output, i.e. just before
+    autograd computes its gradient, where a checkpointing schedule reruns it, its fx nodes as generated code
+    (``poetlab.execute._group_function``) on detached aliases of the step's own inputs of it, with grad on and
+    what autograd saves collected by a ``list.append`` pack hook (``poetlab.execute._Run._recompute``). Each
+    step reruns every ``stride``-th node, in turn; ``(warmup + repeats) * stride`` whole steps (the model as
+    its fx trace's generated code, which also returns every node's inputs), the first ``warmup * stride``
+    dropped: each node has ``repeats`` samples.
 
-    Why: a rerun there costs more than the same node run alone over and over (on this machine 1.1-1.6x
-    for nodes of a millisecond, more for the smallest), because the backward operations since its first
-    run have evicted its inputs and weights from the caches. Pricing reruns at the warm time put the
-    executed steps' reruns 15-40% above the simulator's prediction (benchmarks/bench_execute.py)."""
+    Why: a rerun there costs more than the same node run alone over and over (on this machine 1.0-1.9x
+    for nodes of a millisecond or more, up to 12x for the smallest), because the backward operations since
+    its first run have evicted its inputs and weights from the caches; and with grad on it costs more than
+    under the grad mode autograd runs pre-hooks with (off). Rerun through the fx interpreter with grad off,
+    every node in every step, and priced at its calibrated time scaled by that slowdown, the executed steps'
+    reruns (``benchmarks/bench_execute.py``) came to +16% and +18% of their price on the encoder x8 and -29%
+    to -32% on MobileNetV2 x16; probed this way, -5% to +18% in two runs, but for ResNet-18 at 50% (+40% and
+    +24%). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
     from torch import fx
 
+    from poetlab.execute import _bind, _detached, _generated, _group_function
     from poetlab.trace import _tensors
 
     graph = traced.graph
+    gm = traced.gm
+    binding = _bind(graph, gm)
     forward = [k for k, node in enumerate(graph.nodes) if not node.is_backward and node.kind not in ("input", "loss")]
-    probes = {k: traced.node_probe(k) for k in forward}
-    last_member = {graph.metadata["fx_groups"][graph.nodes[k].name][-1]: k for k in forward}
+    reruns = {k: _group_function(gm, binding.members[k], (binding.members[k][-1].name,)) for k in forward}
+    needed = list(dict.fromkeys([d for k in forward for d in reruns[k].deps] + [binding.members[k][-1] for k in forward]))
+    copied = fx.Graph()
+    mapping: dict[fx.Node, fx.Node] = {}
+    copied.output((copied.graph_copy(gm.graph, mapping), tuple(mapping[n] for n in needed)))
+    step = _generated(gm, copied)
+    names = [n.name for n in needed]
     now = CLOCKS[clock]
     samples: dict[int, list[float]] = {k: [] for k in forward}
 
-    class Outputs(fx.Interpreter):  # the step, keeping each node's output to hook its autograd node
-        def run_node(self, n: fx.Node) -> object:
-            value = super().run_node(n)
-            if n.name in last_member:
-                outputs[last_member[n.name]] = value
-            return value
-
-    def rerun(nodes: list[int], keep: bool) -> None:
+    def rerun(nodes: list[int], values: dict[str, object], keep: bool) -> None:
         for k in nodes:
+            args = [_detached(values[d.name]) for d in reruns[k].deps]
+            saved: list[torch.Tensor] = []
             start = now()
-            probes[k].forward()
+            with torch.autograd.graph.saved_tensors_hooks(saved.append, _never_unpacked), torch.enable_grad():
+                reruns[k].run(*args)
             if keep:
                 samples[k].append(now() - start)
+            saved.clear()
 
-    for step in range(warmup + repeats):
-        outputs: dict[int, object] = {}
-        out = Outputs(traced.gm).run(*inputs)
+    for s in range((warmup + repeats) * stride):
+        out, extra = step(*inputs)
+        values = dict(zip(names, extra, strict=True))
+        del extra
         loss = loss_fn(out) if targets is None else loss_fn(out, targets)
+        del out
         by_fn: dict[object, list[int]] = {}
-        for k, value in outputs.items():
-            fn = next((t.grad_fn for t in _tensors(value) if t.grad_fn is not None), None)
+        for k in forward[s % stride::stride]:
+            fn = next((t.grad_fn for t in _tensors(values[binding.members[k][-1].name]) if t.grad_fn is not None), None)
             if fn is not None:
                 by_fn.setdefault(fn, []).append(k)
         for fn, nodes in by_fn.items():
-            fn.register_prehook(lambda *_, nodes=nodes, keep=step >= warmup: rerun(nodes, keep))
-        del out, outputs, by_fn
-        loss.backward()
-        del loss
-        for p in traced.gm.parameters():
+            fn.register_prehook(lambda *_, nodes=nodes, keep=s >= warmup * stride: rerun(nodes, values, keep))
+        del by_fn
+        try:
+            loss.backward()
+        finally:
+            values.clear()  # (the pre-hooks hold it, and it holds tensors whose autograd nodes hold them)
+            del loss
+        for p in gm.parameters():
             p.grad = None
     return {k: times for k, times in samples.items() if times}
+
+
+def _never_unpacked(_: None) -> None:
+    raise RuntimeError("a rerun probe's autograd graph was run backward")
 
 
 def default_profile_dir() -> Path:
