@@ -528,7 +528,7 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     +24%). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
     from torch import fx
 
-    from poetlab.execute import _bind, _detached, _generated, _group_function
+    from poetlab.execute import _bind, _detached, _generated, _group_function, _never_unpacked
     from poetlab.trace import _tensors
 
     graph = traced.graph
@@ -578,10 +578,6 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
         for p in gm.parameters():
             p.grad = None
     return {k: times for k, times in samples.items() if times}
-
-
-def _never_unpacked(_: None) -> None:
-    raise RuntimeError("a rerun probe's autograd graph was run backward")
 
 
 def default_profile_dir() -> Path:
