@@ -57,7 +57,10 @@ Where the schedule only recomputes, each node at most once, the same reruns are 
 PyTorch user reaches for, ``torch.utils.checkpoint`` (``CheckpointStep``: each run of consecutive rerun
 nodes checkpointed, ``checkpoint_grads_equal`` checks it is the same step): ``executed_vs_checkpoint`` is
 the executed step's CPU time less the checkpoint step's, over a plain step; below zero, the executor's
-machinery costs less than PyTorch's own for the same reruns.
+machinery costs less than PyTorch's own for the same reruns. ``executed_vs_reentrant_checkpoint`` does the
+same against checkpoint's reentrant implementation, whose forward pass runs the checkpointed nodes with
+grad off (no autograd graph built, nothing saved, no hook) and whose backward reruns them and runs the
+engine once more on their graph: what a first run without autograd's graph would save the executor.
 
 The executor's own cost is roughly fixed per step (Python work per node it manages, per fx node it runs),
 so its share of a step falls as nodes grow: ``overhead_by_batch`` times the checkpoint-all schedule
@@ -292,17 +295,30 @@ class HandStep:
 
 
 class _Checkpointed(torch.nn.Module):
-    """A run of the model's nodes under ``torch.utils.checkpoint.checkpoint`` (non-reentrant, the random
-    state preserved: dropout's masks are drawn again alike), as one module call of :class:`CheckpointStep`'s
-    code. ``run`` is generated code on the model's own modules (``poetlab.execute._group_function``). Its
-    rerun runs the whole run of nodes, as the schedule's does: checkpoint's early stop (on by default) would
-    end it after the last tensor it saves, skipping what comes after (a layer's last operations)."""
+    """A run of the model's nodes under ``torch.utils.checkpoint.checkpoint`` (the random state preserved:
+    dropout's masks are drawn again alike), as one module call of :class:`CheckpointStep`'s code. ``run`` is
+    generated code on the model's own modules (``poetlab.execute._group_function``).
 
-    def __init__(self, run):
+    Non-reentrant (the default, what PyTorch recommends): the forward pass builds the run's autograd graph
+    with saved-tensor hooks that keep nothing, and the rerun runs the whole run of nodes, as the schedule's
+    does (checkpoint's early stop, on by default, would end it after the last tensor it saves, skipping what
+    comes after: a layer's last operations). Reentrant: the forward pass runs the nodes with grad off (no
+    autograd graph, nothing saved, no hook) inside one autograd function, whose backward reruns them with
+    grad on and runs autograd's engine once more on that graph. It needs an input that requires grad to
+    be called backward at all (a run that reads only the batch would get no gradient), so one more input,
+    a 0-d tensor that requires grad and is not read, is passed to it."""
+
+    def __init__(self, run, reentrant: bool = False):
         super().__init__()
-        self.run = run
+        self.run, self.reentrant = run, reentrant
+        self.trigger = torch.zeros((), requires_grad=True)  # (a plain attribute: not the model's parameter)
+
+    def _run_reading_all_but_the_last(self, *args):
+        return self.run(*args[:-1])
 
     def forward(self, *args):
+        if self.reentrant:
+            return checkpoint(self._run_reading_all_but_the_last, *args, self.trigger, use_reentrant=True, preserve_rng_state=True)
         with set_checkpoint_early_stop(False):
             return checkpoint(self.run, *args, use_reentrant=False, preserve_rng_state=True)
 
@@ -317,13 +333,17 @@ class CheckpointStep:
     checkpoints by hand pays; the executed step's time beside it compares the two machineries on the same
     reruns. Only for such schedules (:meth:`for_schedule`): nothing paged, each node rerun at most once.
     BatchNorm's running statistics are updated again by checkpoint's reruns (torch.utils.checkpoint does
-    not put them back; the executor does), which changes no gradient in training mode."""
+    not put them back; the executor does), which changes no gradient in training mode. ``reentrant``
+    picks checkpoint's older implementation (:class:`_Checkpointed`), whose forward pass builds no graph
+    for the runs at all; its gradients are checked as the other's, since its second run of the engine
+    accumulates the runs' parameters' gradients on its own (a parameter also read outside a run could
+    come out in another order of additions)."""
 
     def __init__(self, gm: fx.GraphModule, runs: list[list[int]], loss_fn):
         self.gm, self.runs, self.loss_fn = gm, runs, loss_fn  # (runs: the graph's nodes under each checkpoint)
 
     @classmethod
-    def for_schedule(cls, module: torch.nn.Module, graph, schedule: Schedule, loss_fn) -> "CheckpointStep | None":
+    def for_schedule(cls, module: torch.nn.Module, graph, schedule: Schedule, loss_fn, reentrant: bool = False) -> "CheckpointStep | None":
         """The checkpoint step doing ``schedule``'s reruns, or None where checkpoint cannot (paging, a node
         rerun twice, no rerun, or a run of nodes whose fx code another node's interleaves)."""
         if any(op.kind not in (OpKind.COMPUTE, OpKind.FREE) for op in schedule.ops):
@@ -348,7 +368,7 @@ class CheckpointStep:
             external = [m for m in members if any(user not in inside for user in m.users)]
             compiled = _group_function(gm, members, [m.name for m in external])
             name = f"poetlab_checkpoint_{k}"
-            gm.add_submodule(name, _Checkpointed(compiled.run))
+            gm.add_submodule(name, _Checkpointed(compiled.run, reentrant))
             copies = [mapping[m] for m in members]
             with copied.inserting_after(copies[-1]):
                 call = copied.call_module(name, tuple(mapping[d] for d in compiled.deps))
@@ -454,12 +474,17 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
         hand_grads_equal = _same_grads(reference, shared)
         # PyTorch's own tool doing the same reruns, where it can (CheckpointStep): the other machinery
         checkpointed = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn)
-        checkpoint_grads_equal = None
+        reentrant = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn, reentrant=True)
+        checkpoint_grads_equal = reentrant_grads_equal = None
         if checkpointed is not None:
             _drop_grads(shared)
             torch.set_rng_state(rng)
             checkpointed.step(model.inputs, model.targets)
             checkpoint_grads_equal = _same_grads(reference, shared)
+            _drop_grads(shared)
+            torch.set_rng_state(rng)
+            reentrant.step(model.inputs, model.targets)
+            reentrant_grads_equal = _same_grads(reference, shared)
         prefetching = None
         if predicted.n_pageins:
             prefetching = ScheduleExecutor(shared, graph, schedule, model.loss_fn, paging_dir=paging_dir, prefetch=True)
@@ -489,8 +514,12 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             _drop_grads(shared)
             return checkpointed.step(model.inputs, model.targets)
 
+        def reentrant_step():
+            _drop_grads(shared)
+            return reentrant.step(model.inputs, model.targets)
+
         steps = _steps(repeats, profile.model.step_runtime_s)
-        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": hand_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {}), **({"checkpoint": checkpoint_step} if checkpointed else {})}, steps)
+        timed = _interleaved({"plain": plain_step, "scheduled": scheduled_step, "hand": hand_step, "plain_control": control_step, **({"prefetch": lambda: scheduled_step(prefetching)} if prefetching else {}), **({"checkpoint": checkpoint_step, "reentrant": reentrant_step} if checkpointed else {})}, steps)
         plain_s, plain_cpu_s, plain_faults = (list(x) for x in zip(*timed["plain"], strict=True))
         exec_s = [wall for wall, _, _ in timed["scheduled"]]
         exec_cpu_s = [stepped.cpu_s for _, stepped, _ in timed["scheduled"]]
@@ -572,6 +601,11 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "checkpoint_vs_plain": statistics.median(timed["checkpoint"]) / statistics.median(plain_cpu_s) - 1 if checkpointed else None,
             # the executed step less the checkpoint step, over a plain step: one machinery against the other
             "executed_vs_checkpoint": (statistics.median(exec_cpu_s) - statistics.median(timed["checkpoint"])) / statistics.median(plain_cpu_s) if checkpointed else None,
+            # the same with checkpoint's reentrant implementation (no autograd graph for the runs in the forward pass)
+            "reentrant_checkpoint_grads_equal": reentrant_grads_equal,
+            "median_reentrant_checkpoint_cpu_s": statistics.median(timed["reentrant"]) if checkpointed else None,
+            "reentrant_checkpoint_vs_plain": statistics.median(timed["reentrant"]) / statistics.median(plain_cpu_s) - 1 if checkpointed else None,
+            "executed_vs_reentrant_checkpoint": (statistics.median(exec_cpu_s) - statistics.median(timed["reentrant"])) / statistics.median(plain_cpu_s) if checkpointed else None,
             "median_plain_control_cpu_s": statistics.median(timed["plain_control"]),
             "plain_control_vs_plain": statistics.median(timed["plain_control"]) / statistics.median(plain_cpu_s) - 1,
             "median_recompute_cpu_s": statistics.median(exec_recompute_s),
@@ -604,7 +638,8 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             f"own time {row['machinery_overhead_vs_plain']:+.1%} of plain, {row['machinery_overhead_vs_hand_step']:+.1%} beyond a step doing its "
             f"{hand.n_reruns} reruns and {hand.n_pageouts} page-outs by hand (whose side effect is {row['hand_side_effect_vs_plain']:+.1%}); "
             f"a second plain copy {row['plain_control_vs_plain']:+.1%}"
-            + (f"; torch.utils.checkpoint doing its reruns {row['checkpoint_vs_plain']:+.1%} of plain, the executor {row['executed_vs_checkpoint']:+.1%} of plain against it" if checkpointed else "")
+            + (f"; torch.utils.checkpoint doing its reruns {row['checkpoint_vs_plain']:+.1%} of plain, the executor {row['executed_vs_checkpoint']:+.1%} of plain against it, "
+               f"{row['executed_vs_reentrant_checkpoint']:+.1%} against its reentrant version" if checkpointed else "")
         )
         tqdm.write(
             f"{name} x{batch_size} @ {fraction:.2f} ({planner}): {status}, {row['n_recomputes']} recomputes, {row['n_pageouts']} page-outs; grads equal {grads_equal}; "
@@ -687,6 +722,8 @@ def main() -> None:
         # the executed step less torch.utils.checkpoint doing the same reruns, over a plain step (where it can)
         "executed_vs_checkpoint": {_case(r): float(r["executed_vs_checkpoint"]) for r in ok if r["executed_vs_checkpoint"] is not None},
         "all_checkpoint_grads_equal": all(r["checkpoint_grads_equal"] for r in ok if r["checkpoint_grads_equal"] is not None),
+        "executed_vs_reentrant_checkpoint": {_case(r): float(r["executed_vs_reentrant_checkpoint"]) for r in ok if r.get("executed_vs_reentrant_checkpoint") is not None},
+        "all_reentrant_checkpoint_grads_equal": all(r["reentrant_checkpoint_grads_equal"] for r in ok if r.get("reentrant_checkpoint_grads_equal") is not None),
         "plain_control_vs_plain": {_case(r): float(r["plain_control_vs_plain"]) for r in ok},
         "overhead_beyond_predicted_vs_plain": {_case(r): float(r["overhead_beyond_predicted_vs_plain"]) for r in ok},
         "recompute_vs_prediction": {_case(r): float(r["recompute_vs_prediction"]) for r in ok if r["recompute_vs_prediction"] is not None},

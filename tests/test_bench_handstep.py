@@ -8,6 +8,7 @@ import copy
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import fx
 
@@ -51,7 +52,6 @@ def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
     """``--schedules``: the first run plans a case with the MILP and keeps the plan; the next runs load that
     very schedule (a time-limited solve may return another); a kept plan that no longer fits the budget
     stops the run with the file named; checkpoint-all is never kept."""
-    import pytest
 
     from small_graphs import residual
 
@@ -68,11 +68,14 @@ def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
     assert not (tmp_path / "residual-1.json").exists()
 
 
-def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_checkpoint():
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_checkpoint(reentrant):
     """``CheckpointStep`` wraps each run of consecutive nodes the schedule recomputes in torch.utils.checkpoint:
     every module of those nodes, and no other, is called twice in a step (its forward pass and its rerun),
-    and the gradients are a plain step's bit for bit (dropout's masks drawn again alike). A schedule that
-    pages, or reruns nothing, has no such step."""
+    and the gradients are a plain step's bit for bit (dropout's masks drawn again alike), with either of
+    checkpoint's implementations (the reentrant one gets an input that requires grad, without which the
+    runs reading only the batch would get no gradient at all). A schedule that pages, or reruns nothing,
+    has no such step."""
     model = build_torch_model("bert_small_torch", 2, seed=0)
     module = model.module.train()
     graph = trace(module, model.inputs, model.loss_fn, model.targets, fuse=False)
@@ -81,7 +84,7 @@ def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_c
     schedule = greedy_remat_schedule(graph, costs, 0.95 * full)
     assert schedule is not None and schedule.n_recomputes > 0
     shared, reference = copy.deepcopy(module), copy.deepcopy(module)
-    step = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn)
+    step = CheckpointStep.for_schedule(shared, graph, schedule, model.loss_fn, reentrant=reentrant)
     assert step is not None
     rerun = {i for i in schedule.recomputed_nodes() if graph.nodes[i].kind != "input"}
     assert sorted(i for run in step.runs for i in run) == sorted(rerun)
@@ -100,7 +103,7 @@ def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_c
     assert ours and {name for name, n in calls.items() if n == 2} == ours
     assert all(n == 1 for name, n in calls.items() if name not in ours)
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), shared.parameters(), strict=True))
-    assert CheckpointStep.for_schedule(shared, graph, checkpoint_all_schedule(graph), model.loss_fn) is None
+    assert CheckpointStep.for_schedule(shared, graph, checkpoint_all_schedule(graph), model.loss_fn, reentrant=reentrant) is None
     paging = greedy_paging_schedule(graph, costs, 0.97 * full)
     assert paging is not None and any(op.kind is OpKind.PAGE_OUT for op in paging.ops)
-    assert CheckpointStep.for_schedule(shared, graph, paging, model.loss_fn) is None
+    assert CheckpointStep.for_schedule(shared, graph, paging, model.loss_fn, reentrant=reentrant) is None
