@@ -623,12 +623,14 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
     it, was the last) is handed over to autograd, and its last free is only counted (_handovers): the
     pre-hooks that had only such frees to do go. Gradients stay autograd's, and the memory goes no later
     than when an executor that frees those nodes itself frees them (counted in allocations since the step
-    began, from the allocator's events)."""
+    began, from the allocator's events). Every node runs its first run with autograd's graph here: a
+    graphless one (the encoder's, here) is nothing of the step's after its rerun, so nothing to hand over."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
     schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
     loss_fn = nn.CrossEntropyLoss()
     worked: list[set[int]] = []
     real_learn = ScheduleExecutor._learn
+    monkeypatch.setattr(importlib.import_module("poetlab.execute"), "_graphless_nodes", lambda executor: frozenset())  # (the module: poetlab.execute is also the function)
 
     def learn(executor, run):
         worked.append(set(run.worked))
@@ -958,3 +960,75 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
         executor.step(inputs, targets)
     monkeypatch.undo()
     _check_step("mobilenet", True, schedule, graph, costs, module, inputs, targets)
+
+
+def test_nodes_only_recomputed_run_first_without_autograds_graph(monkeypatch):
+    """A node the schedule recomputes once in the backward pass, and that only its own backward node reads
+    there (``_graphless_nodes``: the encoder's transformer layer here), runs its first run with grad off
+    inside one autograd function (``_GraphlessRun``), whose backward runs autograd on its rerun's graph:
+    losses, gradients, buffers and the random numbers of three steps are a plain step's (``_check_step``),
+    and the step's measured peak is lower than with that first run building its graph, as nothing of it is
+    saved. Such nodes are none of the step's storages (not managed), and the same schedule run with every
+    first run building its graph gives the same gradients."""
+    module, inputs, targets, graph, costs = _traced("bert", False)
+    schedule = greedy_remat_schedule(graph, costs, 0.95 * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    assert executor._graphless and not executor._graphless & executor._managed
+    assert all(graph.nodes[i].kind == "TransformerEncoderLayer" for i in executor._graphless)
+    graphless = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
+    monkeypatch.setattr(importlib.import_module("poetlab.execute"), "_graphless_nodes", lambda executor: frozenset())
+    with_graph = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
+    assert graphless.peak_bytes < with_graph.peak_bytes
+    assert graphless.n_recomputes == with_graph.n_recomputes > 0
+
+
+class _LinearAddLinear(nn.Module):
+    """x -> a(x) + 1 -> b (sized so that the allocator's transients stay within the allowance): the add
+    saves nothing, so only its own backward node could read a's output;
+    ``tied`` makes b the same module as a (its weight read by two nodes)."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.a = nn.Linear(256, 256)
+        self.b = self.a if tied else nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) + 1.0)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["own weights", "tied weights"])
+def test_a_graphless_node_reading_only_the_batch_gets_its_gradients_and_tied_weights_keep_the_graph(tied):
+    """The first Linear, freed after the add and recomputed just before its backward node: it reads only
+    the caller's batch, which does not require grad, so its autograd function is recorded through the
+    trigger input (without it the Linear's weight would get no gradient). A Linear whose weight another
+    node reads too keeps its graph (the rerun's engine run would add up that weight's gradient in another
+    order than a plain step): the same schedule then runs the usual way. Gradients equal a plain step's
+    either way."""
+    torch.manual_seed(0)
+    module = _LinearAddLinear(tied).train()
+    inputs = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    targets = torch.randint(256, (64,), generator=torch.Generator().manual_seed(3))
+    graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=False)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    first, grad = index["a"], index["grad:a"]
+    ops = list(checkpoint_all_schedule(graph).ops)
+    assert any(op.kind is OpKind.FREE and op.node == first for op in ops[: next(k for k, op in enumerate(ops) if op.node == grad)])
+    before = next(k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == grad)
+    stage = ops[before].stage
+    ops = ops[:before] + [poetlab.Op(OpKind.COMPUTE, first, stage)] + ops[before : before + 1] + [poetlab.Op(OpKind.FREE, first, stage)] + ops[before + 1 :]
+    schedule = poetlab.Schedule(graph.n_nodes, tuple(ops))
+    assert simulate(schedule, graph, costs).n_recomputes == 1  # (a valid schedule)
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    assert executor._graphless == (frozenset() if tied else frozenset({first}))
+    assert executor._managed == (frozenset({first}) if tied else frozenset())
+    if not tied:
+        _check_step("linear", False, schedule, graph, costs, module, inputs, targets)
+        return
+    # (a tied weight's two gradient contributions are summed in a transient that the allowance, made for
+    # the graph's tensors, does not cover: the peak is not compared here)
+    reference = copy.deepcopy(module)
+    for _ in range(2):
+        nn.CrossEntropyLoss()(reference(inputs), targets).backward()
+        executor.step(inputs, targets)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), executor.module.parameters(), strict=True))

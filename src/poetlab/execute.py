@@ -56,6 +56,18 @@ plain step's speed (within the measurement noise of a few percent, ``benchmarks/
 and each node the schedule does manage costs tens of microseconds of Python (hooks on each tensor
 autograd saves, records).
 
+**Nodes that are only recomputed run first without autograd's graph.** A node that the schedule frees
+whole in the forward pass, recomputes once in the backward pass and that nothing but its own backward node
+reads there (:func:`_graphless_nodes`: the encoder's transformer layer, ResNet's shortcut convolutions)
+throws its first run away entirely. It runs that first run with grad off inside one autograd function
+(:class:`_GraphlessRun`): nothing saved, no saved-tensor hook, no storage recorded, emptied or refilled;
+the rerun keeps its own graph, and the function's backward runs autograd's engine on it (the rerun's
+parameters get their gradients there, as in a plain step). It is ``torch.utils.checkpoint``'s reentrant
+scheme, applied where the schedule's operations on the node allow it, and such a node is none of the
+step's storages (not managed). On the encoder x8 at 98.5% of checkpoint-all's peak it took ~130-210 us a
+step (2-3% of it) off the executor's own time, and the step's measured peak fell from 3.75 to 2.2 MB
+(the first run's saved tensors no longer live beside the next layer's).
+
 A process that runs schedules should call :func:`retain_freed_memory` once: glibc hands large freed
 blocks back to the kernel, and a schedule that frees tensors mid-step would page-fault them back in on
 every step, which a plain step does not.
@@ -78,6 +90,7 @@ as it is: the storage.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -601,7 +614,8 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
     for position, op in enumerate(ops, start):
         i = op.node
         if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
-            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked))
+            # (a graphless node's free is a call: it lets go of its first run's values, _Run._free)
+            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked | ex._graphless))
             event = _bookkeeping(ex, op, position) if bookkeeping else None
             if event is None and op.kind is OpKind.FREE and i not in binding.inputs:
                 call("_free", i)  # (what _do does for it)
@@ -621,8 +635,16 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
             flush()
         elif i in packed:
             call("_begin_owned", i) if owned else call("_begin", i, True)
-        for m in binding.members[i]:
-            env[m] = sub.node_copy(m, lambda n: env[n])
+        if i in ex._graphless:  # (its values are those of one call: _Run._graphless_in_segment)
+            compiled = ex._compiled[i]
+            assert compiled is not None
+            results = sub.call_method("_graphless_in_segment", (run, i, *[env[d] for d in compiled.deps]))
+            by_name = {m.name: m for m in binding.members[i]}
+            for k, name in enumerate(ex._external[i]):
+                env[by_name[name]] = sub.call_function(operator.getitem, (results, k))
+        else:
+            for m in binding.members[i]:
+                env[m] = sub.node_copy(m, lambda n: env[n])
         external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
         if places is not None:
             by_name = {m.name: env[m] for m in binding.members[i]}
@@ -725,6 +747,108 @@ def _managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: _Binding) 
     return frozenset(managed), frozenset(packed), frozenset(hooked), frozenset(kept)
 
 
+def _graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
+    """The managed forward nodes whose first run builds no autograd graph (:class:`_GraphlessRun`): those
+    the schedule only recomputes, once, in the backward pass, and that nothing but their own backward node
+    reads there.
+
+    Such a node's first run is thrown away whole: the schedule frees all of it (output and saved tensors)
+    before any backward node reads it and reruns it before its backward node, the only reader left. Run
+    with autograd's graph, its first run saves its tensors (a Python call each, under the saved-tensor
+    hooks), has its storages recorded, emptied at the free and refilled from the rerun; the encoder's
+    transformer layer saves 29, which made most of the executor's own time on the encoder x8 at 98.5%
+    (``benchmarks/EXECUTOR_CHANGES.md``). Run with grad off inside one autograd function, it saves nothing,
+    and the rerun's own graph is what autograd runs backward.
+
+    A node qualifies when: it has generated code (:func:`_compile_group`) and a backward node; the
+    schedule computes it once in the forward pass and once more in the backward pass, and otherwise only
+    frees it (no paging, no compression); among the backward nodes only its own reads it; no other node's
+    rerun reads it (a rerun reads the first run's values); and none of its parameters or buffers is any
+    other node's (its rerun's engine run accumulates its parameters' gradients by itself: a parameter read
+    elsewhere too could add up in another order than a plain step's)."""
+    graph, schedule, binding, nodes = ex.graph, ex.schedule, ex.binding, ex.graph.nodes
+    start = next((p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(schedule.ops))
+    positions: dict[int, list[tuple[int, OpKind]]] = {}
+    for position, op in enumerate(schedule.ops):
+        positions.setdefault(op.node, []).append((position, op.kind))
+    backward_readers: dict[int, set[int]] = {}
+    for j, node in enumerate(nodes):
+        if binding.forward_of[j] is not None:
+            for i in node.inputs:
+                backward_readers.setdefault(i, set()).add(j)
+    rerun_inputs = {k for j, n in ex._n_computes.items() if n > 1 for k in nodes[j].inputs}
+
+    def constants(i: int) -> set[int]:
+        found: list[torch.Tensor] = []
+        members = binding.members[i]
+        for m in [*members, *(d for d in _outside_inputs(members).values() if d.op == "get_attr")]:
+            if m.op == "call_module":
+                module = ex.modules[m.target]
+                found += [*module.parameters(), *module.buffers()]
+            elif m.op == "get_attr":
+                value: object = ex.gm
+                for part in str(m.target).split("."):
+                    value = getattr(value, part)
+                if isinstance(value, torch.Tensor):
+                    found.append(value)
+        return {id(t) for t in found}
+
+    candidates = []
+    for i in ex._managed:
+        j = binding.backward_of_forward.get(i)
+        ops = positions.get(i, [])
+        computes = [p for p, kind in ops if kind is OpKind.COMPUTE]
+        if (
+            j is None or ex._compiled[i] is None or i == binding.loss or i in rerun_inputs
+            or any(kind not in (OpKind.COMPUTE, OpKind.FREE) for _, kind in ops)
+            or len(computes) != 2 or not computes[0] < start <= computes[1]
+            or not backward_readers.get(i, set()) <= {j}
+        ):
+            continue
+        candidates.append(i)
+    if not candidates:
+        return frozenset()
+    owners: dict[int, set[int]] = {}
+    for i in range(len(nodes)):
+        if binding.forward_of[i] is None:
+            for key in constants(i):
+                owners.setdefault(key, set()).add(i)
+    return frozenset(i for i in candidates if all(owners[key] == {i} for key in constants(i)))
+
+
+class _GraphlessRun(torch.autograd.Function):
+    """A graphless node's first run (:func:`_graphless_nodes`): its generated code with grad off (an
+    autograd function's forward runs so), its values this function's outputs. Its backward runs autograd's
+    engine on the graph the node's rerun built (:meth:`_Run._recompute` leaves it, with its detached inputs,
+    in the node's state): the rerun's parameters get their gradients there, as in a plain step, and the
+    gradients of its inputs are this function's. ``trigger`` is a 0-d tensor that requires grad, so that
+    autograd records the function even where no input requires grad (a node reading only the batch)."""
+
+    @staticmethod
+    def forward(ctx, state: "_NodeState", run: Callable[..., tuple[object, ...]], trigger: torch.Tensor, *deps: object) -> tuple[object, ...]:  # type: ignore[override]
+        ctx.state = state
+        results = run(*deps)
+        inputs = {_key(d.untyped_storage()) for d in deps if isinstance(d, torch.Tensor)}
+        # (an output that is an input or a view of one would be marked a view by autograd: a copy instead)
+        results = tuple(r.clone() if isinstance(r, torch.Tensor) and _key(r.untyped_storage()) in inputs else r for r in results)
+        fixed = [r for r in results if isinstance(r, torch.Tensor) and not (r.is_floating_point() or r.is_complex())]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        return results
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple[object, ...]:  # type: ignore[override]
+        state: _NodeState = ctx.state
+        rerun, state.rerun = state.rerun, None
+        if rerun is None:
+            raise ExecutionError("autograd reached a node run without its graph before the schedule recomputed it; plan on the traced graph")
+        results, inputs, detached = rerun
+        pairs = [(r, g) for r, g in zip(results, grads, strict=True) if isinstance(r, torch.Tensor) and r.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
+        return (None, None, None, *(d.grad if own else None for d, own in zip(inputs, detached, strict=True)))
+
+
 def _detached(value: object) -> object:
     """Detached aliases of the tensors in ``value``, requiring grad where the originals did, so that a
     rerun saves the same tensors for backward as the first run did."""
@@ -793,6 +917,10 @@ class _NodeState:
     rng_state: torch.Tensor | None = None
     n_packs: int = 0
     unmanaged_keys: tuple[int, ...] = ()  # storage keys of an unmanaged node's values, while they live
+    # a graphless node's rerun, between it and its backward: (its values, its inputs, which were detached)
+    rerun: tuple[tuple[object, ...], list[object], list[bool]] | None = None
+    # a graphless node's first run's values, from it to its free (_Run._graphless_in_segment)
+    first_values: tuple[object, ...] | None = None
 
 
 class _BufferBackup:
@@ -901,7 +1029,7 @@ class ScheduleExecutor:
         "_tracking", "_computed_at", "_handover", "_handed_frees", "_segments", "_backward_start",
         "_handover_candidates", "_bookkeeping_end", "_last_run", "_tail", "_plans", "_output_bytes",
         "_has_pageouts", "_buffer_backup", "_buffers_of", "_rerun_in_backward", "_backward_buffers", "_aside",
-        "_packed_now", "_events", "_hook_at", "_summed", "_stateless", "_hookless",
+        "_packed_now", "_events", "_hook_at", "_summed", "_stateless", "_hookless", "_graphless", "_trigger",
     )
 
     def __init__(
@@ -968,6 +1096,14 @@ class ScheduleExecutor:
             if op.kind is OpKind.COMPUTE:
                 self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
+        # the managed nodes whose first run builds no autograd graph (_graphless_nodes): from then on they are
+        # no storages of the step's (not managed, nothing packed for them); their reruns and backward pre-hooks
+        # stay (_hooked, _kept)
+        self._graphless = _graphless_nodes(self)
+        if self._graphless:
+            self._managed = self._managed - self._graphless
+            self._packed = self._managed | {j for j, node in enumerate(graph.nodes) if j in self._packed and any(k in self._managed for k in node.inputs)}
+        self._trigger = torch.zeros((), requires_grad=True)  # (_GraphlessRun's)
         # the backward nodes whose autograd nodes get a pre-hook and the forward nodes that run under the
         # saved-tensor hooks: all of _hooked and _packed until a step has shown which need them (_learn)
         self._hook_at, self._packed_now, self._learnt = self._hooked, self._packed, False
@@ -1530,6 +1666,7 @@ class _Run:
         self._set_in_ram(i, False)
         if i not in self.ex._managed:
             self._drop_values(i)
+            self.state[i].first_values = None  # (a graphless node's: _graphless_in_segment)
 
     def _do_at(self, position: int) -> None:
         self._do(self.ex.schedule.ops[position])
@@ -1805,7 +1942,9 @@ class _Run:
             self._take_batch(i)
             return
         self._begin(i, i in self.ex._packed_now)
-        if torch.is_grad_enabled():  # (the forward pass: go; if it fails, close() switches the hooks off)
+        if i in self.ex._graphless:  # (_begin and _finish keep its random state, as any node's)
+            values, out = self._run_graphless(i)
+        elif torch.is_grad_enabled():  # (the forward pass: go; if it fails, close() switches the hooks off)
             values, out = self._run_group(i, detach=False)
         else:
             with torch.enable_grad():
@@ -1815,6 +1954,29 @@ class _Run:
             self.loss = out
             self.loss_value = out.item()
         self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
+
+    def _run_graphless(self, i: int) -> tuple[dict[str, object], object]:
+        """:meth:`_run_group` of a graphless node's first run (:class:`_GraphlessRun`)."""
+        compiled, reader = self.ex._compiled[i], self.ex.graph.nodes[i].name
+        assert compiled is not None
+        results = _GraphlessRun.apply(self.state[i], compiled.run, self.ex._trigger, *[self._resolve(d, {}, False, reader) for d in compiled.deps])
+        return dict(zip(self.ex._external[i], results, strict=True)), results[-1]
+
+    def _graphless_in_segment(self, i: int, *deps: object) -> tuple[object, ...]:
+        """A graphless node's first run in a segment's code (:class:`_GraphlessRun`), its random state kept
+        where it draws random numbers (learnt on the first step, as :meth:`_finish` does), for its rerun;
+        the rest of its compute is an unmanaged node's."""
+        st = self.state[i]
+        draws = self.ex.draws_rng.get(i)
+        before = torch.get_rng_state() if draws is not False else None
+        results = _GraphlessRun.apply(st, self.ex._compiled[i].run, self.ex._trigger, *deps)  # type: ignore[union-attr]
+        # (held until its free: the segment's code drops them at their last use, and a storage gone before
+        # then would leave its key, made known while the first step tracks storages, to the next one made there)
+        st.first_values = results
+        if draws is None:
+            draws = self.ex.draws_rng[i] = not torch.equal(before, torch.get_rng_state())  # type: ignore[arg-type]
+        st.rng_state = before if draws else None
+        return results
 
     def _compute_loss(self, i: int, model_out: object) -> None:
         """The loss node ``i``'s first compute in a segment, on the model's outputs: what
@@ -2104,15 +2266,23 @@ class _Run:
         if st.rng_state is not None:  # (what torch.random.fork_rng does on the CPU, without its overhead)
             rng_after = torch.get_rng_state()
             torch.set_rng_state(st.rng_state)
+        graphless = i in self.ex._graphless
         start = time.thread_time()
         grad_was = torch.is_grad_enabled()  # (off in the backward pass)
-        _push_saved_hooks(recorded.append, _never_unpacked)
+        if not graphless:
+            _push_saved_hooks(recorded.append, _never_unpacked)
         try:
             torch._C._set_grad_enabled(True)  # (torch.enable_grad's own call, without its two Python calls)
-            values, _ = self._run_group(i, detach=True)
+            if graphless:  # (its graph is kept: autograd runs it backward, _GraphlessRun.backward)
+                compiled, reader = self.ex._compiled[i], self.ex.graph.nodes[i].name
+                inputs = [self._resolve(d, {}, True, reader) for d in compiled.deps]  # type: ignore[union-attr]
+                results = compiled.run(*inputs)  # type: ignore[union-attr]
+            else:
+                values, _ = self._run_group(i, detach=True)
         finally:
             torch._C._set_grad_enabled(grad_was)
-            _pop_saved_hooks()
+            if not graphless:
+                _pop_saved_hooks()
             self.recompute_cpu_s += time.thread_time() - start
             if rng_after is not None:
                 torch.set_rng_state(rng_after)
@@ -2120,6 +2290,12 @@ class _Run:
             _copy_buffers(buffers, backup)
         if versions is not None:
             _set_versions(touched, versions)
+        if graphless:
+            # (the detached inputs are the step's values; the constants, its parameters, are not: their
+            # gradients go to them directly)
+            st.rerun = (results, inputs, [d.name in self.ex._group_of for d in compiled.deps])  # type: ignore[union-attr]
+            self._set_in_ram(i, True)
+            return
         try:
             if len(recorded) != st.n_packs:
                 raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} saved {len(recorded)} tensors where its first run saved {st.n_packs}; the node is not deterministic")
