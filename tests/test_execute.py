@@ -1032,3 +1032,44 @@ def test_a_graphless_node_reading_only_the_batch_gets_its_gradients_and_tied_wei
         nn.CrossEntropyLoss()(reference(inputs), targets).backward()
         executor.step(inputs, targets)
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), executor.module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("where", ["first run", "rerun"])
+def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where, monkeypatch):
+    """A graphless node's autograd function holds the node's state, which holds its first run's values
+    until the schedule frees them and its rerun's graph until its backward: a cycle through C++ that
+    Python's collector cannot break. A step that fails right after that first run, or in that rerun,
+    leaves no output of the layer alive, no step state, and the caller's gradients as they were."""
+    module, inputs, targets, graph, costs = _traced("bert", False)
+    schedule = greedy_remat_schedule(graph, costs, 0.95 * _full(graph, costs))
+    scheduled = copy.deepcopy(module)
+    executor = ScheduleExecutor(scheduled, graph, schedule, nn.CrossEntropyLoss())
+    (node,) = executor._graphless
+    executor.step(inputs, targets)  # (learnt: the first run is in a segment's code)
+    grads = _grads(scheduled)
+    layer = executor.modules[executor.binding.members[node][0].target]
+    outputs: list[weakref.ref] = []
+    layer.register_forward_hook(lambda _m, _i, out: outputs.append(weakref.ref(out)))
+    runs = _alive_runs()
+    if where == "first run":
+        real_first = _Run._graphless_in_segment
+
+        def failing(run, i, *deps):
+            real_first(run, i, *deps)
+            raise RuntimeError("failed after the first run")
+
+        monkeypatch.setattr(_Run, "_graphless_in_segment", failing)
+    else:
+        real_rerun = _Run._recompute
+
+        def failing(run, i):
+            if i == node:
+                raise RuntimeError("failed in the rerun")
+            real_rerun(run, i)
+
+        monkeypatch.setattr(_Run, "_recompute", failing)
+    with pytest.raises(RuntimeError, match=f"failed (after the first run|in the rerun)"):
+        executor.step(inputs, targets)
+    assert outputs and [ref for ref in outputs if ref() is not None] == []
+    assert _alive_runs() == runs
+    assert all(torch.equal(a, b) for a, b in zip(grads, _grads(scheduled), strict=True))

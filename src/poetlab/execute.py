@@ -846,7 +846,7 @@ class _GraphlessRun(torch.autograd.Function):
         pairs = [(r, g) for r, g in zip(results, grads, strict=True) if isinstance(r, torch.Tensor) and r.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
-        return (None, None, None, *(d.grad if own else None for d, own in zip(inputs, detached, strict=True)))
+        return (None, None, None, *(d.grad if own and isinstance(d, torch.Tensor) else None for d, own in zip(inputs, detached, strict=True)))
 
 
 def _detached(value: object) -> object:
@@ -1469,6 +1469,9 @@ class _Run:
 
     def close(self) -> None:
         self._end_hooks()  # (a step that failed while a packed node ran in a segment)
+        if self.state:  # (graphless nodes' autograd functions hold their states, which may hold their outputs)
+            for i in self.ex._graphless:
+                self.state[i].first_values = self.state[i].rerun = None
         if self.store is not None:
             self.store.close()
         self.values.clear()
