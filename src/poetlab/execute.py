@@ -766,8 +766,8 @@ def _graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
     rerun reads it (a rerun reads the first run's values); and none of its parameters or buffers is any
     other node's (its rerun's engine run accumulates its parameters' gradients by itself: a parameter read
     elsewhere too could add up in another order than a plain step's)."""
-    graph, schedule, binding, nodes = ex.graph, ex.schedule, ex.binding, ex.graph.nodes
-    start = next((p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None), len(schedule.ops))
+    schedule, binding, nodes = ex.schedule, ex.binding, ex.graph.nodes
+    start = ex._backward_start
     positions: dict[int, list[tuple[int, OpKind]]] = {}
     for position, op in enumerate(schedule.ops):
         positions.setdefault(op.node, []).append((position, op.kind))
@@ -808,12 +808,12 @@ def _graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
         candidates.append(i)
     if not candidates:
         return frozenset()
+    held = {i: constants(i) for i in range(len(nodes)) if binding.forward_of[i] is None}
     owners: dict[int, set[int]] = {}
-    for i in range(len(nodes)):
-        if binding.forward_of[i] is None:
-            for key in constants(i):
-                owners.setdefault(key, set()).add(i)
-    return frozenset(i for i in candidates if all(owners[key] == {i} for key in constants(i)))
+    for i, keys in held.items():
+        for key in keys:
+            owners.setdefault(key, set()).add(i)
+    return frozenset(i for i in candidates if all(owners[key] == {i} for key in held[i]))
 
 
 class _GraphlessRun(torch.autograd.Function):
@@ -1096,6 +1096,9 @@ class ScheduleExecutor:
             if op.kind is OpKind.COMPUTE:
                 self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
+        # the position of the first backward compute (the schedule's end if there is none)
+        self._backward_start = next(
+            (p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is not None), len(schedule.ops))
         # the managed nodes whose first run builds no autograd graph (_graphless_nodes): from then on they are
         # no storages of the step's (not managed, nothing packed for them); their reruns and backward pre-hooks
         # stay (_hooked, _kept)
@@ -1133,9 +1136,6 @@ class ScheduleExecutor:
         self._handover: dict[int, tuple[int, ...]] = {}
         self._handed_frees: frozenset[int] = frozenset()
         self._segments = _segments(self)
-        # the position of the first backward compute (the schedule's end if there is none)
-        self._backward_start = next(
-            (p for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is not None), len(schedule.ops))
         self._handover_candidates = _handovers(self)  # (those of them nobody else holds are handed over: _learn)
         self._events, self._bookkeeping_end = _backward_runs(self)
         self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
