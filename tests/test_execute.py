@@ -1068,7 +1068,7 @@ def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where, mon
             real_rerun(run, i)
 
         monkeypatch.setattr(_Run, "_recompute", failing)
-    with pytest.raises(RuntimeError, match=f"failed (after the first run|in the rerun)"):
+    with pytest.raises(RuntimeError, match="failed (after the first run|in the rerun)"):
         executor.step(inputs, targets)
     assert outputs and [ref for ref in outputs if ref() is not None] == []
     assert _alive_runs() == runs
