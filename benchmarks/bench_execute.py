@@ -166,8 +166,9 @@ class HandStep:
     as the executor's; the time beyond this step does not.
 
     Here the model runs as its fx trace's generated code (a plain step's speed), which also returns the
-    inputs of every node the schedule recomputes; each rerun runs that node's fx nodes with grad enabled and
-    its saved tensors collected (as the executor's rerun does), and its result is dropped. A node that draws
+    inputs of every node the schedule recomputes; each rerun runs that node's fx nodes as the executor's rerun
+    code does (its BatchNorm modules through their stand-ins, which update no running statistics) with grad
+    enabled and its saved tensors collected, and its result is dropped. A node that draws
     random numbers (``rng_nodes``: dropout; the executor's ``draws_rng`` after its first step) reruns on the
     random state it ran on, taken before it in the forward pass and the state after the rerun put back, as
     ``torch.utils.checkpoint`` keeps it: a rerun that draws other numbers is not the schedule's. Each page-out
@@ -204,7 +205,7 @@ class HandStep:
         early = attach.pop(binding.loss, []) + pending
         actions = [a for acts in attach.values() for a in acts] + early
         reruns = {i for kind, i in actions if kind is OpKind.COMPUTE}
-        self.functions = {i: _group_function(gm, binding.members[i], (binding.members[i][-1].name,)) for i in reruns}
+        self.functions = {i: _group_function(gm, binding.members[i], (binding.members[i][-1].name,), rerun=True) for i in reruns}
         needed = list(dict.fromkeys([d for i in reruns for d in self.functions[i].deps] + [binding.members[f][-1] for f in attach]))
         copied = fx.Graph()
         mapping: dict[fx.Node, fx.Node] = {}

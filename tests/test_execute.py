@@ -173,13 +173,21 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
             assert result.n_pageins == result.predicted.n_pageins - batch_pageins > 0 and result.prefetch is prefetch
 
 
+def _sync_norms(module: nn.Module) -> nn.Module:
+    """``module`` with its BatchNorm layers made ``nn.SyncBatchNorm`` (without a process group, BatchNorm's
+    computation): a class the reruns call as it is (``_RerunBatchNorm`` takes exactly BatchNorm1d/2d/3d), so
+    that they update its running statistics a second time, as they would any module that writes its
+    buffers in its forward pass: what ``_RerunBuffers`` undoes."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+
+
 class _SharedNorm(nn.Module):
     """Three convolutions normalized by one BatchNorm: its running statistics are updated by three nodes."""
 
-    def __init__(self):
+    def __init__(self, norm: type[nn.BatchNorm2d] = nn.BatchNorm2d):
         super().__init__()
         self.conv1, self.conv2, self.conv3 = (nn.Conv2d(c, 8, 3, padding=1) for c in (3, 8, 8))
-        self.norm = nn.BatchNorm2d(8)
+        self.norm = norm(8)
         self.head = nn.Linear(8, 10)
 
     def forward(self, x):
@@ -188,12 +196,14 @@ class _SharedNorm(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does():
-    """Reruns in the backward pass update their BatchNorm's running statistics a second time; they are put
-    back after the backward pass (ScheduleExecutor._rerun_buffers), here for a BatchNorm that nodes which
-    are not rerun update too."""
+@pytest.mark.parametrize("norm", [nn.BatchNorm2d, nn.SyncBatchNorm], ids=["BatchNorm2d", "SyncBatchNorm"])
+def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does(norm):
+    """A rerun in the backward pass of a node whose BatchNorm nodes that are not rerun update too: a
+    BatchNorm runs through its stand-in, which writes none of its statistics (``_RerunBatchNorm``); a
+    SyncBatchNorm updates them a second time, and they are put back after the backward pass
+    (ScheduleExecutor._rerun_buffers). Either way the running statistics are a plain step's."""
     torch.manual_seed(0)
-    module, inputs, targets = _SharedNorm().train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2])
+    module, inputs, targets = _SharedNorm(norm).train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2])
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
     costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
     schedule = greedy_remat_schedule(graph, costs, 0.8 * _full(graph, costs))
@@ -203,13 +213,13 @@ def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does():
 
 
 def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
-    """A node rerun once in the backward pass, whose BatchNorm no other node uses, gets the buffers' values
+    """Reruns of modules that write their buffers (SyncBatchNorm here, which the reruns call as it is): a node rerun once in the backward pass, whose module no other node uses, gets the buffers' values
     from the start of the step back before the backward pass, and its rerun updates them to the same bits
-    as its first run did (one copy, no putting back: _RerunBuffers); a BatchNorm that other nodes update
-    too is kept and put back. Either way the running statistics are a plain step's, step after step."""
+    as its first run did (one copy, no putting back: _RerunBuffers); a module that other nodes update too
+    is kept and put back. Either way the running statistics are a plain step's, step after step."""
     torch.manual_seed(0)
-    cases = [("mobilenet", MobileNetV2(10, 0.35).train(), torch.randn(2, 3, 32, 32), torch.tensor([3, 4]), 0.6, True),
-             ("shared", _SharedNorm().train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2]), 0.8, False)]
+    cases = [("mobilenet", _sync_norms(MobileNetV2(10, 0.35)).train(), torch.randn(2, 3, 32, 32), torch.tensor([3, 4]), 0.6, True),
+             ("shared", _SharedNorm(nn.SyncBatchNorm).train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2]), 0.8, False)]
     for name, module, inputs, targets, fraction, alone in cases:
         graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
         costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
@@ -230,6 +240,33 @@ def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
         kept = {id(b) for b in rerun.buffers} if not alone else set()
         assert not any(id(b) in kept for i in executor._hookless for b in executor._node_buffers(i)), name
         assert not alone or executor._hookless.keys() & executor._rerun_in_backward, name
+
+
+def test_reruns_run_batchnorm_through_a_stand_in_that_leaves_its_statistics_alone():
+    """A rerun calls each BatchNorm (exactly BatchNorm's classes, without hooks of its own) through a
+    ``_RerunBatchNorm``: in training, the same batch statistics, with running statistics of its own, so the
+    module's are written once a step, by its first run; nothing is reset or put back (no rerun buffers).
+    Gradients and buffers are a plain step's in training (a stand-in that wrote the module's statistics
+    would leave them updated twice) and in eval mode (the module itself runs: it writes nothing). A
+    BatchNorm with a forward hook is called as it is, its hook runs, and its buffers are reset again."""
+    module, inputs, targets, graph, costs = _traced("mobilenet", True)
+    schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    stand_ins = {t for code in executor._rerun_code if code is not None for t in code.stand_ins}
+    rerun = {m.target for i in executor._rerun_in_backward for m in executor.binding.members[i] if m.op == "call_module"}
+    assert stand_ins and stand_ins == {t for t in rerun if type(executor.modules[t]) is nn.BatchNorm2d}
+    assert executor._rerun_in_backward and not executor._rerun_buffers().buffers
+    _check_step("mobilenet", True, schedule, graph, costs, module, inputs, targets)
+    _check_step("mobilenet in eval mode", True, schedule, graph, costs, copy.deepcopy(module).eval(), inputs, targets)
+    hooked, calls = copy.deepcopy(module), []
+    target = sorted(stand_ins)[0]
+    hooked.get_submodule(target).register_forward_hook(lambda *_: calls.append(target))
+    executor = ScheduleExecutor(copy.deepcopy(hooked), graph, schedule, nn.CrossEntropyLoss())
+    assert target not in {t for code in executor._rerun_code if code is not None for t in code.stand_ins}
+    assert {id(b) for b in executor._rerun_buffers().buffers} == {id(b) for b in executor.modules[target].buffers() if b.numel()}
+    executor.step(inputs, targets)
+    assert len(calls) == 2  # (the first run and the rerun)
+    _check_step("mobilenet, a hooked BatchNorm", True, schedule, graph, costs, hooked, inputs, targets)
 
 
 @pytest.mark.parametrize("planner", [greedy_paging_schedule, greedy_remat_schedule])
@@ -938,11 +975,15 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     values, BatchNorm's statistics its autograd node's ``_saved_result1``/``_saved_result2``) runs without
     the saved-tensor hooks from the second step on (_Run._finish_hookless): the hooks are pushed only for
     the reruns. Autograd then checks the version of each tensor it saved, BatchNorm's running statistics
-    among them, which the step writes again (reset, rerun) to the bytes they were saved with: their versions
-    are set back, and without that the backward pass fails."""
+    among them, which the step writes again (reset, rerun: SyncBatchNorm here, which the reruns call as it
+    is) to the bytes they were saved with: their versions are set back, and without that the
+    backward pass fails."""
     executing = importlib.import_module("poetlab.execute")  # (the module: the package exports a function of its name)
 
-    module, inputs, targets, graph, costs = _traced("mobilenet", True)
+    module, inputs, targets = _case("mobilenet")
+    module = _sync_norms(module)  # (BatchNorm's own classes rerun through a stand-in that writes nothing)
+    graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
     executor.step(inputs, targets)

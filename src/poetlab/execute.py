@@ -15,7 +15,10 @@ written by hand, so any traced model runs:
   nodes on detached aliases of its inputs and swaps the fresh storages' memory into the emptied ones
   (``UntypedStorage._swap_data_ptr_``: no copy, no second buffer); the same RNG
   state (saved before the node's first run, only for nodes that draw random numbers: dropout) and the
-  same BatchNorm buffers (restored after the rerun) make the recomputed bytes equal the first ones.
+  same buffers make the recomputed bytes equal the first ones. A rerun calls BatchNorm through a stand-in
+  that normalizes with the same batch statistics and leaves the module's running statistics to the first
+  run (:class:`_RerunBatchNorm`); other modules that write buffers get theirs put back or reset
+  (:class:`_RerunBuffers`), so that the buffers end a step as a plain step leaves them.
 - **compress** keeps a bitmap-compressed copy of each of the node's storages in RAM (the lossless format of
   :mod:`poetlab.techniques.bittrain`: one bit per element, then the non-zero elements, taken bit pattern
   by bit pattern); the dense bytes go when the schedule frees the node, as the simulator counts them.
@@ -248,22 +251,64 @@ class _CompiledGroup:
     ``run(*values of deps)`` returns the values of the group's external fx nodes, the output last. It
     runs the very operations, in the same order, that interpreting the fx nodes one by one would, without
     the interpreter's per-node Python work (argument mapping, lookups), which dominated the executor's
-    own overhead on models of many small operations."""
+    own overhead on models of many small operations. A rerun's code calls its BatchNorm modules through
+    :class:`_RerunBatchNorm` (their fx targets: ``stand_ins``)."""
 
     deps: tuple[fx.Node, ...]
     run: Callable[..., tuple[object, ...]]
+    stand_ins: frozenset[str] = frozenset()
+
+
+#: the BatchNorm classes whose reruns :class:`_RerunBatchNorm` runs (exactly these: a subclass may do more)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+class _RerunBatchNorm:
+    """A BatchNorm module as a rerun calls it: in training, the same ``F.batch_norm`` on the same batch
+    statistics as its first run (the same bytes out and saved), but with running statistics of its own that
+    nothing reads, so the module's running statistics and ``num_batches_tracked`` are updated once a step,
+    by the first run, as in a plain step. In eval mode a BatchNorm writes nothing, and the module runs.
+
+    Why: a rerun through the module updates them a second time, which the step then had to undo (before
+    the backward pass: the reruns' buffers reset to the step's backup, their versions set back, one copy
+    and two calls per buffer, :class:`_RerunBuffers`; or copied around each rerun). On MobileNetV2 x2 at
+    half of checkpoint-all's peak that was ~50 us before the backward pass and a few microseconds per
+    rerun, for 21 buffers. Modules with hooks of their own are called as they are (their hooks run)."""
+
+    __slots__ = ("module", "running_mean", "running_var")
+
+    def __init__(self, module: nn.modules.batchnorm._BatchNorm):
+        self.module = module
+        self.running_mean = torch.zeros_like(module.running_mean)  # type: ignore[arg-type]
+        self.running_var = torch.ones_like(module.running_var)  # type: ignore[arg-type]
+
+    @staticmethod
+    def applies(module: nn.Module) -> bool:
+        """Whether a rerun may call ``module`` through a stand-in: one of :data:`_BATCH_NORMS` exactly that
+        tracks running statistics, without hooks of its own (those stay the module's to run)."""
+        return (
+            type(module) in _BATCH_NORMS and module.track_running_stats  # type: ignore[operator]
+            and module.running_mean is not None and module.running_var is not None
+            and not (module._forward_hooks or module._forward_pre_hooks)
+        )
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        bn = self.module
+        if not bn.training:
+            return bn(x)
+        return nn.functional.batch_norm(x, self.running_mean, self.running_var, bn.weight, bn.bias, True, 0.0, bn.eps)
 
 
 #: the fx node kinds that generated code can run as they are (placeholders read the caller's inputs)
 _PLAIN_FX_OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
-def _generated(gm: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
-    """``graph`` (whose modules and attributes are ``gm``'s) as generated code that reaches each module and
-    attribute it uses as one attribute of its own, under a flat name. Why: fx's code reaches a submodule by
-    its path (``getattr(getattr(self.features, "1").conv, "0")``), one ``Module.__getattr__`` per part, which
-    cost MobileNetV2 x2's forward pass ~0.25 ms (3%) against the model's own code. The modules and tensors
-    are ``gm``'s own objects, not copies."""
+def _generated(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object] | None = None) -> fx.GraphModule:
+    """``graph`` (whose modules and attributes are ``gm``'s, or ``own``'s where a target is one of its keys)
+    as generated code that reaches each module and attribute it uses as one attribute of its own, under a
+    flat name. Why: fx's code reaches a submodule by its path (``getattr(getattr(self.features, "1").conv,
+    "0")``), one ``Module.__getattr__`` per part, which cost MobileNetV2 x2's forward pass ~0.25 ms (3%)
+    against the model's own code. The modules and tensors are ``gm``'s own objects, not copies."""
     flat: dict[str, str] = {}
     root: dict[str, object] = {}
     for n in graph.nodes:
@@ -271,10 +316,13 @@ def _generated(gm: fx.GraphModule, graph: fx.Graph) -> fx.GraphModule:
             target = str(n.target)
             if target not in flat:
                 name = flat[target] = f"{target.replace('.', '_')}_{len(flat)}"
-                value: object = gm
-                for part in target.split("."):
-                    value = getattr(value, part)
-                root[name] = value
+                if own is not None and target in own:
+                    root[name] = own[target]
+                else:
+                    value: object = gm
+                    for part in target.split("."):
+                        value = getattr(value, part)
+                    root[name] = value
             n.target = flat[target]
     return fx.GraphModule(root, graph)
 
@@ -290,28 +338,36 @@ def _outside_inputs(members: Sequence[fx.Node]) -> dict[str, fx.Node]:
     return deps
 
 
-def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tuple[str, ...]) -> _CompiledGroup | None:
-    """The group as a :class:`_CompiledGroup`, or None for one that reads the caller's inputs
-    (placeholders stay interpreted) or one without fx nodes (backward nodes). A group of one fx node too:
-    interpreted, its arguments go through ``fx.node.map_arg`` and a lookup each (the encoder's layer, one
-    module call: the encoder x8 at 98.5% took 28 and 46 us a step longer so, one executor beside the
+def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tuple[str, ...], rerun: bool = False) -> _CompiledGroup | None:
+    """The group as a :class:`_CompiledGroup` (a rerun's: ``rerun``), or None for one that reads the caller's
+    inputs (placeholders stay interpreted) or one without fx nodes (backward nodes). A group of one fx node
+    too: interpreted, its arguments go through ``fx.node.map_arg`` and a lookup each (the encoder's layer,
+    one module call: the encoder x8 at 98.5% took 28 and 46 us a step longer so, one executor beside the
     other in one process)."""
     if not members or any(m.op not in _PLAIN_FX_OPS for m in members):
         return None
-    return _group_function(gm, members, external)
+    return _group_function(gm, members, external, rerun)
 
 
-def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str]) -> _CompiledGroup:
+def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str], rerun: bool = False) -> _CompiledGroup:
     """``members`` as one generated function of the fx nodes they read from outside, returning the values
-    of ``external`` (whatever the group's size: :func:`_compile_group` decides when it is worth it)."""
+    of ``external`` (whatever the group's size: :func:`_compile_group` decides when it is worth it). A
+    rerun's (``rerun``) calls the BatchNorm modules :meth:`_RerunBatchNorm.applies` to through one each."""
     deps = _outside_inputs(members)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
+    stand_ins: dict[str, object] = {}
     for m in members:
-        env[m] = sub.node_copy(m, lambda n: env[n])
+        module = gm.get_submodule(str(m.target)) if rerun and m.op == "call_module" else None
+        if module is not None and _RerunBatchNorm.applies(module) and len(m.args) == 1 and isinstance(m.args[0], fx.Node) and not m.kwargs:
+            target = f"{m.target}.rerun"
+            stand_ins.setdefault(target, _RerunBatchNorm(module))  # type: ignore[arg-type]
+            env[m] = sub.call_method("run", (sub.get_attr(target), env[m.args[0]]))  # type: ignore[index]
+        else:
+            env[m] = sub.node_copy(m, lambda n: env[n])
     by_name = {m.name: env[m] for m in members}
     sub.output(tuple(by_name[name] for name in external))
-    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub).forward)
+    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub, stand_ins).forward, frozenset(t[: -len(".rerun")] for t in stand_ins))
 
 
 @dataclass(frozen=True)
@@ -977,8 +1033,10 @@ class _BufferBackup:
 
 @dataclass(frozen=True)
 class _RerunBuffers:
-    """The buffers of the forward nodes rerun in the backward pass (BatchNorm's running statistics), which
-    each rerun updates a second time, and how a step gives them back the values its forward pass left.
+    """The buffers of the forward nodes rerun in the backward pass that each rerun updates a second time
+    (those of the modules a rerun calls as they are: not BatchNorm's, :class:`_RerunBatchNorm`; a
+    SyncBatchNorm's running statistics, a module's own buffers), and how a step gives them back the values
+    its forward pass left.
 
     - Reset (``before_step``: their copies in the step's backup, ``ScheduleExecutor.step``): when each
       buffer is one node's alone and that node reruns once in the backward pass, the buffers are set back
@@ -986,14 +1044,15 @@ class _RerunBuffers:
       their first runs did, to the same bits (the same batch statistics: a rerun gives the same bytes).
       One copy a step, and each rerun sees the buffers its first run saw. Only in steps that read
       unchecked (``ScheduleExecutor._learn``: nothing is fetched unplanned, so nothing reruns twice).
-    - Kept (``kept``): otherwise (a shared BatchNorm, a node rerun twice, the first step) they are copied
-      before the backward pass and put back after it, rather than around every rerun (two copies of a
-      few small tensors cost a rerun ~30 us on a cold cache); a rerun runs on buffers that its first run
-      has updated already (BatchNorm in training normalizes with the batch's statistics and only
-      updates its running ones).
+    - Kept (``kept``): otherwise (a module several nodes share, a node rerun twice, the first step) they
+      are copied before the backward pass and put back after it, rather than around every rerun (two
+      copies of a few small tensors cost a rerun ~30 us on a cold cache); a rerun runs on buffers that
+      its first run has updated already (BatchNorm in training normalizes with the batch's statistics and
+      only updates its running ones).
 
-    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers: keeping them took
-    ~33 us of a step on the cold cache and putting them back ~58; the reset is one such copy."""
+    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers (when its BatchNorm
+    layers were called as they are): keeping them took ~33 us of a step on the cold cache and putting them
+    back ~58; the reset is one such copy."""
 
     buffers: list[torch.Tensor]
     kept: list[torch.Tensor]
@@ -1028,7 +1087,7 @@ class ScheduleExecutor:
         "_packed", "_hooked", "_kept", "_learnt", "_unchecked_reads", "_owned_sources", "_owned_places",
         "_tracking", "_computed_at", "_handover", "_handed_frees", "_segments", "_backward_start",
         "_handover_candidates", "_bookkeeping_end", "_last_run", "_tail", "_plans", "_output_bytes",
-        "_has_pageouts", "_buffer_backup", "_buffers_of", "_rerun_in_backward", "_backward_buffers", "_aside",
+        "_has_pageouts", "_rerun_code", "_buffer_backup", "_buffers_of", "_rerun_in_backward", "_backward_buffers", "_aside",
         "_packed_now", "_events", "_hook_at", "_summed", "_stateless", "_hookless", "_graphless", "_trigger",
     )
 
@@ -1095,6 +1154,13 @@ class ScheduleExecutor:
         for op in schedule.ops:
             if op.kind is OpKind.COMPUTE:
                 self._n_computes[op.node] = self._n_computes.get(op.node, 0) + 1
+        # the reruns' code: their BatchNorm modules through _RerunBatchNorm (the first runs' where it has none)
+        self._rerun_code: list[_CompiledGroup | None] = list(self._compiled)
+        for i, n in self._n_computes.items():
+            if n > 1 and self._compiled[i] is not None:
+                code = _compile_group(self.gm, self.binding.members[i], self._external[i], rerun=True)
+                if code is not None and code.stand_ins:
+                    self._rerun_code[i] = code
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
         # the position of the first backward compute (the schedule's end if there is none)
         self._backward_start = next(
@@ -1161,12 +1227,13 @@ class ScheduleExecutor:
         hooks (``run.hookless``: :meth:`_Run._hookless_places`), for :attr:`_hookless`.
 
         Without the hooks, autograd checks each saved tensor's version counter when it reads it back: a
-        BatchNorm's running statistics, which the step writes a second time (its reset before the backward
-        pass and the rerun's update, or a forward rerun's update and put-back), would fail that check. Each
-        such write leaves the very bytes the buffer was saved with by the time the node's backward reads it
-        (:class:`_RerunBuffers`' reset), so the step sets those buffers' versions back after it
-        (``_set_versions``, a private call of the pinned torch). Where buffers are kept and put back after
-        the backward pass instead (a shared BatchNorm, a node rerun twice), they do not hold those bytes in
+        rerun buffer (:class:`_RerunBuffers`: a SyncBatchNorm's running statistics), which the step writes
+        a second time (its reset before the backward pass and the rerun's update, or a forward rerun's
+        update and put-back), would fail that check. Each such write leaves the very bytes the buffer was
+        saved with by the time the node's backward reads it (:class:`_RerunBuffers`' reset), so the step
+        sets those buffers' versions back after it (``_set_versions``, a private call of the pinned torch).
+        Where buffers are kept and put back after the backward pass instead (a module shared by several
+        nodes, a node rerun twice), they do not hold those bytes in
         between: a node that saved one of them keeps the hooks (which autograd does not version-check)."""
         found = {i: places for i, places in run.hookless.items() if places is not None and i in self._owned_sources}
         if not found or _set_versions is None:
@@ -1183,8 +1250,8 @@ class ScheduleExecutor:
         return len(self._summed) - 1
 
     def _group_buffers(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Forward node ``i``'s modules' buffers (BatchNorm's running statistics, which a rerun would
-        update a second time) and as many tensors to keep them in while it reruns, allocated once."""
+        """Forward node ``i``'s rerun's buffers (:meth:`_node_buffers`, which a rerun would update a second
+        time) and as many tensors to keep them in while it reruns, allocated once."""
         found = self._buffers_of.get(i)
         if found is None:
             buffers = self._node_buffers(i)
@@ -1192,7 +1259,11 @@ class ScheduleExecutor:
         return found
 
     def _node_buffers(self, i: int) -> list[torch.Tensor]:
-        modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module"]
+        """The buffers of the modules forward node ``i``'s rerun calls (its BatchNorm modules' stand-ins
+        write none of theirs: :class:`_RerunBatchNorm`)."""
+        code = self._rerun_code[i]
+        stand_ins = code.stand_ins if code is not None else frozenset()
+        modules = [self.modules[m.target] for m in self.binding.members[i] if m.op == "call_module" and m.target not in stand_ins]
         return [b for mod in modules for b in mod.buffers() if b.numel()]
 
     def _rerun_buffers(self) -> _RerunBuffers:
@@ -1236,7 +1307,7 @@ class ScheduleExecutor:
         aside, after a failure, the parameters get no gradient back, as they had none."""
         aside, self._aside = getattr(self, "_aside", None), None
         if aside is None:
-            return  # (the step failed before the backward pass: nothing was taken)
+            return  # (the step failed before it took them: nothing was taken)
         if not aside:  # (there were none: this step's gradients are the gradients, or none after a failure)
             if not add:
                 for p in self.params:
@@ -1333,6 +1404,11 @@ class ScheduleExecutor:
         buffers = self._buffer_backup.copies
         peak = total_peak = None
         try:
+            # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds.
+            # Taken first, not before the backward pass: the optimizer's step or ``zero_grad`` has just read
+            # every parameter, whose ``.grad`` is then found on a warm cache (after the forward pass, the loop
+            # over MobileNetV2's 158 took ~35 us of a step)
+            self._set_aside_grads()
             if measure_memory:
                 with measure_allocations() as allocation:
                     run.go()
@@ -1515,8 +1591,6 @@ class _Run:
         holding = {self.ex._group_of[name] for name in self.values} | set(self.unmanaged_keys.values())
         for i in holding - self.ex._managed - self.ex._kept - self.ex.binding.inputs:
             self._drop_values(i)
-        # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds
-        self.ex._set_aside_grads()
         rerun = self.ex._rerun_buffers()  # (on a failure, the step puts every buffer back as it was before it)
         reset = rerun.before_step is not None and self.ex._unchecked_reads
         if rerun.buffers:
@@ -1919,25 +1993,26 @@ class _Run:
             return self.inputs[self.ex.placeholders.index(n)]
         raise ExecutionError(f"cannot run fx node {n.name} ({n.op})")
 
-    def _run_group(self, i: int, detach: bool) -> tuple[dict[str, object], object]:
-        """Run forward node ``i``'s fx nodes; returns (values of its external fx nodes, its output)."""
+    def _run_group(self, i: int, rerun: bool) -> tuple[dict[str, object], object]:
+        """Run forward node ``i``'s fx nodes; returns (values of its external fx nodes, its output). A rerun
+        reads its inputs detached and runs the reruns' code (``ScheduleExecutor._rerun_code``)."""
         binding = self.ex.binding
         reader = self.ex.graph.nodes[i].name
         if i == binding.loss:
             output = binding.output_arg
             if isinstance(output, fx.Node):  # (the usual single output: without map_arg's Python work)
-                model_out = self._resolve(output, {}, detach, reader)
+                model_out = self._resolve(output, {}, rerun, reader)
             else:
-                model_out = fx.node.map_arg(output, lambda d: self._resolve(d, {}, detach, reader))
+                model_out = fx.node.map_arg(output, lambda d: self._resolve(d, {}, rerun, reader))
             return {}, self.ex.loss_fn(model_out, self.targets)
-        compiled = self.ex._compiled[i]
+        compiled = (self.ex._rerun_code if rerun else self.ex._compiled)[i]
         if compiled is not None:
-            results = compiled.run(*[self._resolve(d, {}, detach, reader) for d in compiled.deps])
+            results = compiled.run(*[self._resolve(d, {}, rerun, reader) for d in compiled.deps])
             return dict(zip(self.ex._external[i], results, strict=True)), results[-1]
         local: dict[str, object] = {}
         out: object = None
         for m in binding.members[i]:
-            out = local[m.name] = self._run_fx(m, lambda d: self._resolve(d, local, detach, reader))
+            out = local[m.name] = self._run_fx(m, lambda d: self._resolve(d, local, rerun, reader))
         return {name: local[name] for name in self.ex._external[i]}, out
 
     def _first_compute(self, i: int) -> None:
@@ -1948,10 +2023,10 @@ class _Run:
         if i in self.ex._graphless:  # (_begin and _finish keep its random state, as any node's)
             values, out = self._run_graphless(i)
         elif torch.is_grad_enabled():  # (the forward pass: go; if it fails, close() switches the hooks off)
-            values, out = self._run_group(i, detach=False)
+            values, out = self._run_group(i, rerun=False)
         else:
             with torch.enable_grad():
-                values, out = self._run_group(i, detach=False)
+                values, out = self._run_group(i, rerun=False)
         self.values.update(values)
         if i == self.ex.binding.loss:
             self.loss = out
@@ -2244,8 +2319,8 @@ class _Run:
         if i in self.ex.binding.inputs:  # the caller's batch never left: nothing to rerun
             self._set_in_ram(i, True)
             return
-        # its modules' buffers (BatchNorm's running statistics), which it updates a second time, are put back
-        # after it; in the backward pass, once after it (ScheduleExecutor._rerun_buffers)
+        # the buffers it updates a second time (_node_buffers: not BatchNorm's, whose stand-ins write none)
+        # are put back after it; in the backward pass, once after it (ScheduleExecutor._rerun_buffers)
         kept = self.buffers_kept and i in self.ex._rerun_in_backward
         buffers, backup = ([], []) if kept else self.ex._group_buffers(i)
         if buffers:
@@ -2277,11 +2352,11 @@ class _Run:
         try:
             torch._C._set_grad_enabled(True)  # (torch.enable_grad's own call, without its two Python calls)
             if graphless:  # (its graph is kept: autograd runs it backward, _GraphlessRun.backward)
-                compiled, reader = self.ex._compiled[i], self.ex.graph.nodes[i].name
+                compiled, reader = self.ex._rerun_code[i], self.ex.graph.nodes[i].name
                 inputs = [self._resolve(d, {}, True, reader) for d in compiled.deps]  # type: ignore[union-attr]
                 results = compiled.run(*inputs)  # type: ignore[union-attr]
             else:
-                values, _ = self._run_group(i, detach=True)
+                values, _ = self._run_group(i, rerun=True)
         finally:
             torch._C._set_grad_enabled(grad_was)
             if not graphless:

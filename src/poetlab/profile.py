@@ -512,7 +512,7 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     """Per forward node (not an input, not the loss): the times of its rerun as the executor reruns it, in
     the middle of a backward pass: from a pre-hook on the autograd node of its output, i.e. just before
     autograd computes its gradient, where a checkpointing schedule reruns it, its fx nodes as generated code
-    (``poetlab.execute._group_function``) on detached aliases of the step's own inputs of it, with grad on and
+    (``poetlab.execute._group_function``, a rerun's: BatchNorm through its stand-in) on detached aliases of the step's own inputs of it, with grad on and
     what autograd saves collected by a ``list.append`` pack hook (``poetlab.execute._Run._recompute``). Each
     step reruns every ``stride``-th node, in turn; ``(warmup + repeats) * stride`` whole steps (the model as
     its fx trace's generated code, which also returns every node's inputs), the first ``warmup * stride``
@@ -535,7 +535,7 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     gm = traced.gm
     binding = _bind(graph, gm)
     forward = [k for k, node in enumerate(graph.nodes) if not node.is_backward and node.kind not in ("input", "loss")]
-    reruns = {k: _group_function(gm, binding.members[k], (binding.members[k][-1].name,)) for k in forward}
+    reruns = {k: _group_function(gm, binding.members[k], (binding.members[k][-1].name,), rerun=True) for k in forward}
     needed = list(dict.fromkeys([d for k in forward for d in reruns[k].deps] + [binding.members[k][-1] for k in forward]))
     copied = fx.Graph()
     mapping: dict[fx.Node, fx.Node] = {}

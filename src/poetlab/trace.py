@@ -88,7 +88,7 @@ class TraceError(PoetlabError, ValueError):
 
 #: Module classes cheap enough to join their producer's node when fusing (element-wise, normalising, views).
 FUSABLE_MODULES: tuple[type[nn.Module], ...] = (
-    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LayerNorm, nn.GroupNorm,
     nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.LeakyReLU,
     nn.ELU, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Identity, nn.Flatten,
 )
