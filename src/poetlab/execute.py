@@ -273,7 +273,9 @@ class _RerunBatchNorm:
     the backward pass: the reruns' buffers reset to the step's backup, their versions set back, one copy
     and two calls per buffer, :class:`_RerunBuffers`; or copied around each rerun). On MobileNetV2 x2 at
     half of checkpoint-all's peak that was ~50 us before the backward pass and a few microseconds per
-    rerun, for 21 buffers. Modules with hooks of their own are called as they are (their hooks run)."""
+    rerun, for 21 buffers. A module with hooks of its own when the executor is made is called as it is
+    (its hooks run on the rerun too, and its buffers are put back as any module's); hooks registered later,
+    and global module hooks, do not run on a stand-in's rerun."""
 
     __slots__ = ("module", "running_mean", "running_var")
 
