@@ -354,7 +354,7 @@ def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: t
 def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str], rerun: bool = False) -> _CompiledGroup:
     """``members`` as one generated function of the fx nodes they read from outside, returning the values
     of ``external`` (whatever the group's size: :func:`_compile_group` decides when it is worth it). A
-    rerun's (``rerun``) calls the BatchNorm modules :meth:`_RerunBatchNorm.applies` to through one each."""
+    rerun's (``rerun``) calls each BatchNorm module that :meth:`_RerunBatchNorm.applies` to through a stand-in."""
     deps = _outside_inputs(members)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
