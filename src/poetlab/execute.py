@@ -95,6 +95,7 @@ from __future__ import annotations
 import math
 import operator
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from concurrent.futures import Future
@@ -937,9 +938,9 @@ def _key(storage: torch.UntypedStorage) -> int:
     return storage._cdata
 
 
-def _storage_keys(values: Iterable[object]) -> list[int]:
-    """The :func:`_key` of each tensor in ``values``, in order."""
-    return [_key(t.untyped_storage()) for value in values for t in _tensors(value)]
+def _storages(values: Iterable[object]) -> list[torch.UntypedStorage]:
+    """The storage of each tensor in ``values``, in order."""
+    return [t.untyped_storage() for value in values for t in _tensors(value)]
 
 
 @dataclass(eq=False, slots=True)
@@ -1490,7 +1491,8 @@ class _Run:
         self.store: PageStore | None = None
         if ex._has_pageouts:
             self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
-        self.unmanaged_keys: dict[int, int] = {}  # storage key -> the unmanaged node whose output it is
+        # storage key -> the unmanaged node whose output it is, and a weak reference to the storage (_track_values)
+        self.unmanaged_keys: dict[int, tuple[int, weakref.ref]] = {}
         self.cursor = 0
         self.current: int | None = None
         self.current_packs = 0
@@ -1590,7 +1592,7 @@ class _Run:
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
         # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
         # autograd saved of them, it keeps; the rest goes now, as it would in a plain step
-        holding = {self.ex._group_of[name] for name in self.values} | set(self.unmanaged_keys.values())
+        holding = {self.ex._group_of[name] for name in self.values} | {i for i, _ in self.unmanaged_keys.values()}
         for i in holding - self.ex._managed - self.ex._kept - self.ex.binding.inputs:
             self._drop_values(i)
         rerun = self.ex._rerun_buffers()  # (on a failure, the step puts every buffer back as it was before it)
@@ -1751,7 +1753,7 @@ class _Run:
         self._do(self.ex.schedule.ops[position])
 
     def _track(self, i: int, external: Sequence[object]) -> None:
-        self._track_values(i, _storage_keys(external))
+        self._track_values(i, _storages(external))
 
     def _replay(self, events: Sequence[tuple[int, int]]) -> bool:
         """What :meth:`_do` does for computes done elsewhere and frees that need no work (the events
@@ -1854,11 +1856,30 @@ class _Run:
                 self.planned -= record.packed.nbytes
                 record.packed = None
 
-    def _track_values(self, i: int, keys: Sequence[int]) -> None:
-        """Unmanaged node ``i``'s values live in the storages of ``keys``: a managed node that saves or views
-        them finds their producer (:meth:`_drop_values` forgets them)."""
+    def _track_values(self, i: int, storages: Sequence[torch.UntypedStorage]) -> None:
+        """Unmanaged node ``i``'s values live in ``storages``: a managed node that saves or views them finds
+        their producer (:meth:`_unmanaged_producer`; :meth:`_drop_values` forgets them).
+
+        Each is known by its key with a weak reference to it (torch keeps a storage's Python object as long
+        as the storage lives): a segment's code drops a value at its last use, which may come before the
+        schedule's free of it, and a storage made after the value's died may have its key (the address of
+        a freed StorageImpl is the next one's, often). Taken for the dead node's, a packed node's own
+        output would be held by it, and emptied at its free."""
+        keys = [_key(storage) for storage in storages]
         self.state[i].unmanaged_keys = tuple(keys)
-        self.unmanaged_keys.update(dict.fromkeys(keys, i))
+        for key, storage in zip(keys, storages, strict=True):
+            self.unmanaged_keys[key] = (i, weakref.ref(storage))
+
+    def _unmanaged_producer(self, key: int) -> int | None:
+        """The unmanaged node whose value lives in the storage of ``key`` (:meth:`_track_values`), if any:
+        not one whose storage of that key has died since (the key is now another storage's)."""
+        entry = self.unmanaged_keys.get(key)
+        if entry is None:
+            return None
+        if entry[1]() is None:
+            del self.unmanaged_keys[key]
+            return None
+        return entry[0]
 
     def _drop_values(self, i: int) -> None:
         """Forget unmanaged node ``i``'s values: their memory goes when autograd no longer needs it."""
@@ -1866,7 +1887,8 @@ class _Run:
             self.values.pop(name, None)
         # (the keys go too: once its memory is freed, a new storage may come to have the same key)
         for key in self.state[i].unmanaged_keys:
-            if self.unmanaged_keys.get(key) == i:
+            entry = self.unmanaged_keys.get(key)
+            if entry is not None and entry[0] == i:
                 del self.unmanaged_keys[key]
         self.state[i].unmanaged_keys = ()
 
@@ -2076,11 +2098,11 @@ class _Run:
         values = {name: self.inputs[k] for name, k in self.ex._batch_of[i]}
         self.values.update(values)
         if self.ex._tracking:  # (else no storage is looked up by key: _learn)
-            keys = _storage_keys(values.values())
-            self.batch_keys.update(keys)
+            storages = _storages(values.values())
+            self.batch_keys.update(_key(storage) for storage in storages)
             if self._constant_keys is not None:
                 self._constant_keys |= self.batch_keys
-            self._track_values(i, keys)
+            self._track_values(i, storages)
         self.state[i].computed = True
         self._set_in_ram(i, True)
 
@@ -2196,16 +2218,16 @@ class _Run:
         managed = i in self.ex._managed
         sources = self.ex._owned_sources.get(i) if packs is not None else None
         tracking = self.ex._tracking
-        keys = _storage_keys(values.values()) if tracking and not managed else []
+        storages = _storages(values.values()) if tracking and not managed else []
         if sources is not None:
             st.owned = st.held = self._learnt_storages(i, packs, list(values.values()))  # type: ignore[arg-type]
             if tracking:  # (else nothing looks them up: _finish_owned)
                 self.records.update((_key(record.storage), record) for record in st.owned)
-        elif not managed and (not tracking or not any(key in self.records for key in keys)):
+        elif not managed and (not tracking or not any(_key(storage) in self.records for storage in storages)):
             # unmanaged, and no view of a managed node's memory (learnt, when not tracking: nodes that view
             # one are packed, _learn): autograd and reference counting free it
             if tracking:
-                self._track_values(i, keys)
+                self._track_values(i, storages)
         else:
             if not managed:
                 self.viewing.add(i)
@@ -2224,7 +2246,7 @@ class _Run:
                 if record is None:
                     if self._is_constant(key):
                         continue
-                    producer = self.unmanaged_keys.get(key)
+                    producer = self._unmanaged_producer(key)
                     if producer is not None and source[0] == "pack":
                         continue  # autograd saved an unmanaged node's output: not ours to free
                     if producer is not None:  # a view of an unmanaged node's output: that node owns it
@@ -2406,7 +2428,7 @@ class _Run:
         if record is None:
             if self._is_constant(key):
                 return t
-            if key in self.unmanaged_keys:
+            if self._unmanaged_producer(key) is not None:
                 return t.detach()
             if self.current is not None:
                 self.pending_own.append((position, t))
