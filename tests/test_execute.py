@@ -213,10 +213,11 @@ def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does(norm):
 
 
 def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
-    """Reruns of modules that write their buffers (SyncBatchNorm here, which the reruns call as it is): a node rerun once in the backward pass, whose module no other node uses, gets the buffers' values
-    from the start of the step back before the backward pass, and its rerun updates them to the same bits
-    as its first run did (one copy, no putting back: _RerunBuffers); a module that other nodes update too
-    is kept and put back. Either way the running statistics are a plain step's, step after step."""
+    """Reruns of modules that write their buffers (SyncBatchNorm here, which the reruns call as it is): a
+    node rerun once in the backward pass, whose module no other node uses, gets the buffers' values from
+    the start of the step back before the backward pass, and its rerun updates them to the same bits as
+    its first run did (one copy, no putting back: _RerunBuffers); a module that other nodes update too is
+    kept and put back. Either way the running statistics are a plain step's, step after step."""
     torch.manual_seed(0)
     cases = [("mobilenet", _sync_norms(MobileNetV2(10, 0.35)).train(), torch.randn(2, 3, 32, 32), torch.tensor([3, 4]), 0.6, True),
              ("shared", _SharedNorm(nn.SyncBatchNorm).train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2]), 0.8, False)]
@@ -976,8 +977,8 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     the saved-tensor hooks from the second step on (_Run._finish_hookless): the hooks are pushed only for
     the reruns. Autograd then checks the version of each tensor it saved, BatchNorm's running statistics
     among them, which the step writes again (reset, rerun: SyncBatchNorm here, which the reruns call as it
-    is) to the bytes they were saved with: their versions are set back, and without that the
-    backward pass fails."""
+    is) to the bytes they were saved with: their versions are set back, and without that the backward pass
+    fails."""
     executing = importlib.import_module("poetlab.execute")  # (the module: the package exports a function of its name)
 
     module, inputs, targets = _case("mobilenet")
