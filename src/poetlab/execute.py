@@ -110,7 +110,7 @@ from poetlab.graph import TrainingGraph
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
 from poetlab.techniques.bittrain import BitmapTensor, as_words, compress, decompress
-from poetlab.trace import _tensors
+from poetlab.trace import _fetch_attr, _tensors
 
 __all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes", "retain_freed_memory"]
 
@@ -319,13 +319,7 @@ def _generated(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object] | Non
             target = str(n.target)
             if target not in flat:
                 name = flat[target] = f"{target.replace('.', '_')}_{len(flat)}"
-                if own is not None and target in own:
-                    root[name] = own[target]
-                else:
-                    value: object = gm
-                    for part in target.split("."):
-                        value = getattr(value, part)
-                    root[name] = value
+                root[name] = own[target] if own is not None and target in own else _fetch_attr(gm, target)
             n.target = flat[target]
     return fx.GraphModule(root, graph)
 
@@ -359,18 +353,28 @@ def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Se
     deps = _outside_inputs(members)
     sub = fx.Graph()
     env: dict[fx.Node, fx.Node] = {d: sub.placeholder(f"dep_{k}") for k, d in enumerate(deps.values())}
-    stand_ins: dict[str, object] = {}
+    stand_ins: dict[str, object] = {}  # (the stand-in's own fx target -> it)
+    replaced: set[str] = set()  # (the BatchNorm modules' targets)
     for m in members:
-        module = gm.get_submodule(str(m.target)) if rerun and m.op == "call_module" else None
-        if module is not None and _RerunBatchNorm.applies(module) and len(m.args) == 1 and isinstance(m.args[0], fx.Node) and not m.kwargs:
+        if rerun and _stands_in(gm, m):
             target = f"{m.target}.rerun"
-            stand_ins.setdefault(target, _RerunBatchNorm(module))  # type: ignore[arg-type]
+            stand_ins.setdefault(target, _RerunBatchNorm(gm.get_submodule(str(m.target))))  # type: ignore[arg-type]
+            replaced.add(str(m.target))
             env[m] = sub.call_method("run", (sub.get_attr(target), env[m.args[0]]))  # type: ignore[index]
         else:
             env[m] = sub.node_copy(m, lambda n: env[n])
     by_name = {m.name: env[m] for m in members}
     sub.output(tuple(by_name[name] for name in external))
-    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub, stand_ins).forward, frozenset(t[: -len(".rerun")] for t in stand_ins))
+    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub, stand_ins).forward, frozenset(replaced))
+
+
+def _stands_in(gm: fx.GraphModule, m: fx.Node) -> bool:
+    """Whether a rerun's code calls fx node ``m`` through a :class:`_RerunBatchNorm` (a BatchNorm module it
+    applies to, called on one value)."""
+    return (
+        m.op == "call_module" and _RerunBatchNorm.applies(gm.get_submodule(str(m.target)))
+        and len(m.args) == 1 and isinstance(m.args[0], fx.Node) and not m.kwargs
+    )
 
 
 @dataclass(frozen=True)
@@ -845,9 +849,7 @@ def _graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
                 module = ex.modules[m.target]
                 found += [*module.parameters(), *module.buffers()]
             elif m.op == "get_attr":
-                value: object = ex.gm
-                for part in str(m.target).split("."):
-                    value = getattr(value, part)
+                value = _fetch_attr(ex.gm, str(m.target))
                 if isinstance(value, torch.Tensor):
                     found.append(value)
         return {id(t) for t in found}
@@ -1160,10 +1162,9 @@ class ScheduleExecutor:
         # the reruns' code: their BatchNorm modules through _RerunBatchNorm (the first runs' where it has none)
         self._rerun_code: list[_CompiledGroup | None] = list(self._compiled)
         for i, n in self._n_computes.items():
-            if n > 1 and self._compiled[i] is not None:
-                code = _compile_group(self.gm, self.binding.members[i], self._external[i], rerun=True)
-                if code is not None and code.stand_ins:
-                    self._rerun_code[i] = code
+            members = self.binding.members[i]
+            if n > 1 and self._compiled[i] is not None and any(_stands_in(self.gm, m) for m in members):
+                self._rerun_code[i] = _compile_group(self.gm, members, self._external[i], rerun=True)
         self._managed, self._packed, self._hooked, self._kept = _managed_nodes(graph, schedule, self.binding)
         # the position of the first backward compute (the schedule's end if there is none)
         self._backward_start = next(
@@ -2009,10 +2010,7 @@ class _Run:
             obj, *rest = args
             return getattr(obj, n.target)(*rest, **kwargs)
         if n.op == "get_attr":
-            value: object = self.ex.gm
-            for part in str(n.target).split("."):
-                value = getattr(value, part)
-            return value
+            return _fetch_attr(self.ex.gm, str(n.target))
         if n.op == "placeholder":
             return self.inputs[self.ex.placeholders.index(n)]
         raise ExecutionError(f"cannot run fx node {n.name} ({n.op})")
