@@ -1,4 +1,4 @@
-"""In-process A/B of the executor: this tree's ``poetlab.execute`` against the same module at a git revision.
+"""In-process A/B of the executor: this tree's ``poetlab.torch.execute`` against the same module at a git revision.
 
 A change to the executor's own time of a few tens of microseconds does not show in ``bench_execute.py``,
 whose small cases move by a few percent of their step from one run to the next (where the tensors of
@@ -44,12 +44,12 @@ import torch
 from tqdm.auto import tqdm
 
 import poetlab
-from poetlab._io import write_json_atomic
-from poetlab.execute import retain_freed_memory
-from poetlab.profile import profile_host
-from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
-from poetlab.torch_models import TORCH_MODELS, build_torch_model
-from poetlab.trace import trace
+from poetlab.core.files import write_json_atomic
+from poetlab.torch.execute import retain_freed_memory
+from poetlab.torch.profile import profile_host
+from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.torch.models import TORCH_MODELS, build_torch_model
+from poetlab.torch.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_execute import SCHEDULES, HandStep, _drop_grads, _plain, _same_grads, planned_schedule  # noqa: E402

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from poetlab._io import write_json_atomic
-from poetlab.execute import retain_freed_memory
-from poetlab.torch_models import build_torch_model
+from poetlab.core.files import write_json_atomic
+from poetlab.torch.execute import retain_freed_memory
+from poetlab.torch.models import build_torch_model
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "benchmarks" / "cache_disruption.json"
 #: (batch size, number of convolutions whose backward a flush precedes): the recompute counts of POET's

@@ -9,7 +9,7 @@ is its optimum, and at some budgets POET + compression's simulated energy is bel
 ResNet-18 the MILP is too big to prove tight bounds in minutes and recomputing its BatchNorm and identity
 nodes is almost free, so no budget was certified there.)
 
-For one model of :mod:`poetlab.torch_models`, traced fused (``poetlab.trace(..., fuse=True)``):
+For one model of :mod:`poetlab.torch.models`, traced fused (``poetlab.torch.trace(..., fuse=True)``):
 
 - densities: :func:`poetlab.techniques.compression.graph_densities`, per traced forward node, on the
   model's seeded example batch (random initialisation; ``--relu-bias`` shifts the BatchNorm biases with
@@ -21,7 +21,7 @@ For one model of :mod:`poetlab.torch_models`, traced fused (``poetlab.trace(...,
 - per budget: POET (time limit ``--time-limit``) with its proven lower bound, and POET + compression
   (twice the limit); *certified* when POET + compression's simulated energy is below POET's proven
   lower bound, i.e. below every schedule without compression;
-- the compression schedule executed on the real module (``poetlab.execute``, deterministic algorithms,
+- the compression schedule executed on the real module (``poetlab.torch.execute``, deterministic algorithms,
   one thread): parameter gradients bit-equal to plain autograd, measured peak vs the simulator's.
 """
 
@@ -37,14 +37,14 @@ import time
 import torch
 
 from poetlab import CostModel, load_platform, simulate, solve
-from poetlab._io import write_json_atomic
-from poetlab.execute import execute, memory_allowance_bytes
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule
+from poetlab.core.files import write_json_atomic
+from poetlab.torch.execute import execute, memory_allowance_bytes
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule
 from poetlab.techniques.bittrain import shift_relu_density
 from poetlab.techniques.compression import compress_all_schedule, compress_idle, compression_costs, graph_densities, measure_bitmap_rates
-from poetlab.torch_models import build_torch_model
-from poetlab.trace import trace
+from poetlab.torch.models import build_torch_model
+from poetlab.torch.trace import trace
 
 
 def jsonable(value):
@@ -66,7 +66,7 @@ def costs_for(graph, platform_name: str, densities, margin: float):
         platform = load_platform(platform_name)
         cc = compression_costs(graph, platform, densities, margin)
         return CostModel.from_flops(graph, platform).with_compression(cc), "flop model, FLOP_PER_ELEMENT estimate", None
-    from poetlab.profile import HostProfile, find_host_profile
+    from poetlab.torch.profile import HostProfile, find_host_profile
 
     profile = HostProfile.load(find_host_profile(graph.metadata.get("torch_model", graph.name), True))
     rates = measure_bitmap_rates(clock=profile.clock)

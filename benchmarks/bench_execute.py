@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/bench_execute.py [--models M ...] [--repeats 5] [--out FILE]
 
 For each traced model (fused graphs, real sizes: ResNet-18 CIFAR, MobileNetV2 x0.35 at 128x128, the
-small encoder) the host is profiled first (``poetlab.profile.profile_host``: per-node times, paging to
+small encoder) the host is profiled first (``poetlab.torch.profile.profile_host``: per-node times, paging to
 real files with fsync, one thread), which gives the cost model of the simulator's time prediction. POET's
 MILP then plans each budget (a fraction of checkpoint-all's peak; 1.0 is checkpoint-all itself, no
 recompute, no paging; ResNet-18 at 50% also by POET's paging-only arm, ``planner: paging_only``, since
@@ -11,7 +11,7 @@ the free MILP pages or not from run to run; each plan is kept in ``data/schedule
 runs, ``--replan`` plans them anew: ``planned_schedule``) and the schedule is executed ``repeats`` times, interleaved with plain PyTorch
 steps on the same copy of the model (and with prefetching page-ins where the schedule pages), in a
 rotating order (at least ``--repeats`` steps of each, and enough to time 3 s of plain steps, up to 300:
-a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.execute.retain_freed_memory``,
+a small step's median moves more). The C allocator keeps freed memory for reuse (``poetlab.torch.execute.retain_freed_memory``,
 process-wide, so for plain steps too), and each step's minor page faults are recorded
 (``median_page_faults`` beside ``median_plain_page_faults``):
 
@@ -90,14 +90,14 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from tqdm.auto import tqdm
 
 import poetlab
-from poetlab._io import write_json_atomic
-from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor, _bind, _generated, _group_function, memory_allowance_bytes, retain_freed_memory
-from poetlab.paging import PageStore
-from poetlab.profile import profile_host
-from poetlab.schedule import OpKind, Schedule, checkpoint_all_schedule, simulate
-from poetlab.torch_models import build_torch_model
-from poetlab.trace import trace
+from poetlab.core.files import write_json_atomic
+from poetlab.torch.allocations import measure_allocations
+from poetlab.torch.execute import ScheduleExecutor, bind_graph, generated_module, group_function, memory_allowance_bytes, retain_freed_memory
+from poetlab.torch.paging import PageStore
+from poetlab.torch.profile import profile_host
+from poetlab.core.schedule import OpKind, Schedule, checkpoint_all_schedule, simulate
+from poetlab.torch.models import build_torch_model
+from poetlab.torch.trace import trace
 
 # (model, batch size, budget fractions of checkpoint-all's peak, each planned by POET's MILP, or by its
 # paging-only arm where marked: the free MILP may well recompute rather than page, and every run must page)
@@ -184,7 +184,7 @@ class HandStep:
     def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn, paging_dir: str | None = None, rng_nodes=frozenset()):
         self.module, self.loss_fn = module, loss_fn
         gm = fx.symbolic_trace(module)
-        binding = _bind(graph, gm)
+        binding = bind_graph(graph, gm)
         pending: list[tuple[OpKind, int]] = []  # (a recompute, a page-out or a page-in; in the schedule's order)
         attach: dict[int, list[tuple[OpKind, int]]] = {}  # forward node whose output's autograd node runs them -> them
         computed: set[int] = set()
@@ -205,7 +205,7 @@ class HandStep:
         early = attach.pop(binding.loss, []) + pending
         actions = [a for acts in attach.values() for a in acts] + early
         reruns = {i for kind, i in actions if kind is OpKind.COMPUTE}
-        self.functions = {i: _group_function(gm, binding.members[i], (binding.members[i][-1].name,), rerun=True) for i in reruns}
+        self.functions = {i: group_function(gm, binding.members[i], (binding.members[i][-1].name,), rerun=True) for i in reruns}
         needed = list(dict.fromkeys([d for i in reruns for d in self.functions[i].deps] + [binding.members[f][-1] for f in attach]))
         copied = fx.Graph()
         mapping: dict[fx.Node, fx.Node] = {}
@@ -216,7 +216,7 @@ class HandStep:
             with copied.inserting_before(mapping[binding.members[i][0]]):
                 states.append(copied.call_function(torch.get_rng_state))
         copied.output((out, tuple(mapping[n] for n in needed), tuple(states)))
-        self.gm = _generated(gm, copied)  # (each module one attribute away, as the executor's code reaches it)
+        self.gm = generated_module(gm, copied)  # (each module one attribute away, as the executor's code reaches it)
         self.names = [n.name for n in needed]
         self.deps = {i: [d.name for d in self.functions[i].deps] for i in reruns}
         self.attach = [(binding.members[f][-1].name, acts) for f, acts in attach.items()]
@@ -298,7 +298,7 @@ class HandStep:
 class _Checkpointed(torch.nn.Module):
     """A run of the model's nodes under ``torch.utils.checkpoint.checkpoint`` (the random state preserved:
     dropout's masks are drawn again alike), as one module call of :class:`CheckpointStep`'s code. ``run`` is
-    generated code on the model's own modules (``poetlab.execute._group_function``).
+    generated code on the model's own modules (``poetlab.torch.execute.group_function``).
 
     Non-reentrant (the default, what PyTorch recommends): the forward pass builds the run's autograd graph
     with saved-tensor hooks that keep nothing, and the rerun runs the whole run of nodes, as the schedule's
@@ -350,7 +350,7 @@ class CheckpointStep:
         if any(op.kind not in (OpKind.COMPUTE, OpKind.FREE) for op in schedule.ops):
             return None
         gm = fx.symbolic_trace(module)
-        binding = _bind(graph, gm)
+        binding = bind_graph(graph, gm)
         reruns = [i for i in schedule.recomputed_nodes() if i not in binding.inputs]
         if not reruns or len(set(reruns)) != len(reruns) or any(binding.forward_of[i] is not None for i in reruns):
             return None
@@ -367,7 +367,7 @@ class CheckpointStep:
             members = [m for i in run for m in binding.members[i]]
             inside = set(members)
             external = [m for m in members if any(user not in inside for user in m.users)]
-            compiled = _group_function(gm, members, [m.name for m in external])
+            compiled = group_function(gm, members, [m.name for m in external])
             name = f"poetlab_checkpoint_{k}"
             gm.add_submodule(name, _Checkpointed(compiled.run, reentrant))
             copies = [mapping[m] for m in members]
@@ -384,7 +384,7 @@ class CheckpointStep:
             copied.lint()
         except RuntimeError:  # (a node outside a run reads a value of the run before the run ends)
             return None
-        return cls(_generated(gm, copied), runs, loss_fn)
+        return cls(generated_module(gm, copied), runs, loss_fn)
 
     def step(self, inputs, targets) -> float:
         """Thread CPU time of the step, its autograd graph let go inside it (as in a plain step)."""

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 
 from poetlab import CostModel, available_platforms, load_platform
-from poetlab._io import write_json_atomic, write_text_atomic
-from poetlab.poet_solver import min_footprint_bytes, solve
-from poetlab.profile import HostProfile, default_profile_path, profile_host
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.trace import trace_torch_model
+from poetlab.core.files import write_json_atomic, write_text_atomic
+from poetlab.planners.poet.solver import min_footprint_bytes, solve
+from poetlab.torch.profile import HostProfile, default_profile_path, profile_host
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch.trace import trace_torch_model
 
 REPO = Path(__file__).resolve().parents[1]
 SOLVED = ("resnet18_cifar_torch", "mobilenetv2_torch", "bert_small_torch")

@@ -19,11 +19,11 @@ import time
 from tqdm.auto import tqdm
 
 from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab._io import write_json_atomic
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.poet_solver import solve
-from poetlab.solvers import run_milp
+from poetlab.core.files import write_json_atomic
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.planners.poet.solver import solve
+from poetlab.planners.poet.backends import run_milp
 
 # (label, model, platform, budget: bytes if > 1 else a fraction of checkpoint-all's peak, runtime factor)
 INSTANCES = [

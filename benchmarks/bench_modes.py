@@ -22,9 +22,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from poetlab import PAPER_MODELS, CostModel, build_paper_graph, load_platform, simulate, solve
-from poetlab._io import write_json_atomic
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule
+from poetlab.core.files import write_json_atomic
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule
 
 MODES = {"poet": {}, "remat_only": {"paging": False}, "paging_only": {"remat": False}}
 

@@ -27,17 +27,17 @@ import time
 import torch
 
 from poetlab import CostModel, build_paper_graph, load_platform, simulate
-from poetlab._io import write_json_atomic
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule
+from poetlab.core.files import write_json_atomic
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule
 from poetlab.techniques.bittrain import measure_bittrain
 from poetlab.techniques.compression import densities_for_graph, measure_densities
 from poetlab.techniques.frontier import frontier_table
 from poetlab.techniques.sparse_update import measure_scheme, parse_scheme
 from poetlab.techniques.transfer import digits_transfer
 from poetlab.techniques.transforms import saved_tensor_graph
-from poetlab.torch_models import build_torch_model
-from poetlab.paper_models import conv_chain_graph
+from poetlab.torch.models import build_torch_model
+from poetlab.core.paper_models import conv_chain_graph
 
 
 def bench_bittrain(quick: bool) -> list[dict]:

@@ -1,6 +1,6 @@
 """Fine-tune a small CNN on scikit-learn's digits under a POET schedule, beside plain PyTorch.
 
-A 6-block CNN (:class:`poetlab.finetune.DigitsCNN`, BatchNorm and dropout) is traced with fusion,
+A 6-block CNN (:class:`poetlab.torch.finetune.DigitsCNN`, BatchNorm and dropout) is traced with fusion,
 POET's MILP plans it on the a72 platform's costs at half the checkpoint-all peak (the schedule mixes
 recomputation and paging), and both runs train from the same weights and RNG state for ``--steps`` SGD
 steps. Writes ``experiments/execute/finetune_digits.json`` (per-step losses, wall times, allocator
@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab._io import write_json_atomic
-from poetlab.execute import retain_freed_memory
-from poetlab.finetune import DigitsCNN, compare_training, digits_batches
-from poetlab.plotting import save_figures, training_figure
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.trace import trace
+from poetlab.core.files import write_json_atomic
+from poetlab.torch.execute import retain_freed_memory
+from poetlab.torch.finetune import DigitsCNN, compare_training, digits_batches
+from poetlab.reproduction.plotting import save_figures, training_figure
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch.trace import trace
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "execute"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from poetlab.graph import TrainingGraph
-from poetlab.paper_models import LayerList, conv_chain_graph, training_graph
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.paper_models import LayerList, conv_chain_graph, training_graph
 
 
 def mlp(widths: tuple[int, ...] = (8, 16, 4), batch: int = 1) -> TrainingGraph:

@@ -1,10 +1,10 @@
-"""``poetlab.allocations``: peaks read from the CPU allocator's own events, with real tensors."""
+"""``poetlab.torch.allocations``: peaks read from the CPU allocator's own events, with real tensors."""
 
 from __future__ import annotations
 
 import torch
 
-from poetlab.allocations import measure_allocations
+from poetlab.torch.allocations import measure_allocations
 
 MIB = 2**20
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from poetlab import CostModel, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
-from poetlab.baselines import BASELINES, Budgets, run_baseline
-from poetlab.baselines.chen import articulation_points, plan_sqrtn_linearized
+from poetlab.planners.baselines import BASELINES, Budgets, run_baseline
+from poetlab.planners.baselines.chen import articulation_points, plan_sqrtn_linearized
 from poetlab.errors import UnknownNameError
-from poetlab.poet_solver import min_footprint_bytes
+from poetlab.core.graph import min_footprint_bytes
 
 from small_graphs import mlp, relu_chain as chain, residual
 

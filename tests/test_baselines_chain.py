@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from poetlab import CostModel, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
-from poetlab.baselines import pofo, revolve
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.baselines.revolve import block_chain, revolve_forward_count, revolve_schedule
-from poetlab.graph import TrainingGraph
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import OpKind, Schedule
-from poetlab.solvers import run_milp
+from poetlab.planners.baselines import pofo, revolve
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.planners.baselines.revolve import block_chain, revolve_forward_count, revolve_schedule
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import OpKind, Schedule
+from poetlab.planners.poet.backends import run_milp
 
 from small_graphs import mlp, relu_chain as chain, residual
 

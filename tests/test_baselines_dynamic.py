@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from poetlab import CostModel, OpKind, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
-from poetlab.baselines.base import Budgets, CannotMeetBudget
-from poetlab.baselines import capuchin, dtr
-from poetlab.poet_solver import min_footprint_bytes
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
+from poetlab.planners.baselines import capuchin, dtr
+from poetlab.core.graph import min_footprint_bytes
 
 from small_graphs import mlp, relu_chain as chain, residual
 

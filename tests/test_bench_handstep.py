@@ -13,11 +13,11 @@ import torch
 from torch import fx
 
 import poetlab
-from poetlab.execute import ScheduleExecutor, _bind
-from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
-from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
-from poetlab.torch_models import build_torch_model
-from poetlab.trace import trace
+from poetlab.torch.execute import ScheduleExecutor, bind_graph
+from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.torch.models import build_torch_model
+from poetlab.torch.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_execute import CheckpointStep, HandStep, planned_schedule  # noqa: E402  (a script's class, not the package's)
@@ -88,7 +88,7 @@ def test_the_checkpoint_step_reruns_the_schedules_nodes_once_under_torch_utils_c
     assert step is not None
     rerun = {i for i in schedule.recomputed_nodes() if graph.nodes[i].kind != "input"}
     assert sorted(i for run in step.runs for i in run) == sorted(rerun)
-    members = _bind(graph, fx.symbolic_trace(shared)).members
+    members = bind_graph(graph, fx.symbolic_trace(shared)).members
     calls: dict[str, int] = {}  # (each module the trace calls: the encoder's layers are one call each)
     for i in range(graph.n_nodes):
         for m in members[i]:

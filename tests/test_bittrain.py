@@ -17,7 +17,7 @@ from poetlab.techniques.bittrain import (
     saved_activation_bytes,
     shift_relu_density,
 )
-from poetlab.torch_models import ResNet18
+from poetlab.torch.models import ResNet18
 
 
 @pytest.mark.parametrize("numel", [1, 7, 8, 1001])

@@ -53,7 +53,7 @@ def test_solve_with_a_real_sparse_update_scheme(run_cli):
     """``--sparse-update`` plans the traced graph of the scheme applied for real: only trained
     parameters are charged, and the step costs less than full update's."""
     from poetlab.techniques.sparse_update import apply_scheme, parse_scheme
-    from poetlab.torch_models import build_torch_model
+    from poetlab.torch.models import build_torch_model
 
     args = ("solve", "--model", "mobilenetv2_torch", "--platform", "m4", "--ram-budget", "10000000", "--fuse", "--solver", "highs", "--threads", "1", "--time-limit", "5", "--json")
     out = {}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from poetlab import CostModel, build_paper_graph, checkpoint_all_schedule, load_platform, simulate
-from poetlab.baselines import PlanOptions
-from poetlab.comparison import METHODS, budget_ladder, compare_methods, comparison_metrics, comparison_table
+from poetlab.planners.baselines import PlanOptions
+from poetlab.planners.comparison import METHODS, budget_ladder, compare_methods, comparison_metrics, comparison_table
 from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.poet_solver import min_footprint_bytes
+from poetlab.core.graph import min_footprint_bytes
 
 
 @pytest.fixture(scope="module")

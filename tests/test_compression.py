@@ -8,9 +8,9 @@ import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform, solve
 from poetlab.errors import InvalidArgumentError
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
 from poetlab.techniques.bittrain import compressed_bytes
 from poetlab.techniques.compression import (
     BitmapRates,
@@ -121,7 +121,7 @@ def test_compression_costs_from_densities():
 
 
 def test_densities_measured_on_the_torch_twin_map_one_to_one():
-    from poetlab.torch_models import build_torch_model
+    from poetlab.torch.models import build_torch_model
 
     built = build_torch_model("vgg16_cifar_torch", 1, 0)
     measured = measure_densities(built.module, built.inputs)
@@ -160,7 +160,7 @@ def test_saved_tensor_graph_reads_what_autograd_saves():
 
 
 def test_frontier_table_and_figure(tmp_path):
-    from poetlab.plotting import save_figure
+    from poetlab.reproduction.plotting import save_figure
     from poetlab.techniques.frontier import frontier_figure, frontier_table
 
     graph = saved_tensor_graph(convnet(8, 8, 3))
@@ -212,8 +212,8 @@ def test_graph_densities_of_a_traced_model_node_by_node(fuse):
     import torch
     from torch import nn
 
-    from poetlab.torch_models import VGG16, ResNet18
-    from poetlab.trace import trace
+    from poetlab.torch.models import VGG16, ResNet18
+    from poetlab.torch.trace import trace
 
     for module, inputs, targets in (
         (VGG16(10, 32, 64).train(), torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)), torch.tensor([3])),
@@ -244,8 +244,8 @@ def test_traced_graphs_are_refused_by_the_kind_mapping():
     import torch
     from torch import nn
 
-    from poetlab.torch_models import VGG16
-    from poetlab.trace import trace
+    from poetlab.torch.models import VGG16
+    from poetlab.torch.trace import trace
 
     module, inputs = VGG16(10, 32, 64).train(), torch.randn(1, 3, 32, 32)
     graph = trace(module, inputs, nn.CrossEntropyLoss(), torch.tensor([0]), fuse=True)

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from poetlab import CostModel, load_platform, simulate, solve
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule
 from poetlab.techniques.compression import compress_idle, compression_costs, graph_densities
-from poetlab.torch_models import build_torch_model
-from poetlab.trace import trace
+from poetlab.torch.models import build_torch_model
+from poetlab.torch.trace import trace
 
 from test_execute import _check_step
 

@@ -8,7 +8,7 @@ weights and RNG state, with deterministic algorithms on.
 Memory allowance. The executor's peak is measured from the allocator, without the parameters'
 gradients (left out by address: POET keeps them outside the activation budget, its ``fixed_bytes``);
 the simulator's counts the graph's tensors only. The difference we allow is one operation's transient
-workspace, bounded by :func:`poetlab.execute.memory_allowance_bytes`: a convolution's im2col buffer
+workspace, bounded by :func:`poetlab.torch.execute.memory_allowance_bytes`: a convolution's im2col buffer
 (kernel area x the largest tensor) plus one more largest tensor (autograd summing two gradient
 contributions of a skip connection before passing them on).
 """
@@ -32,14 +32,14 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _BufferBackup, _Run, _segments, execute, memory_allowance_bytes
-from poetlab.baselines import capuchin
-from poetlab.baselines.base import Budgets
-from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
-from poetlab.paging import PageStore, PagingError
-from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
-from poetlab.torch_models import MobileNetV2, ResNet18, build_torch_model
-from poetlab.trace import _tensors, trace
+from poetlab.torch.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _BufferBackup, _Run, _segments, execute, memory_allowance_bytes
+from poetlab.planners.baselines import capuchin
+from poetlab.planners.baselines.base import Budgets
+from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.torch.paging import PageStore, PagingError
+from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
+from poetlab.torch.models import MobileNetV2, ResNet18, build_torch_model
+from poetlab.torch.trace import tensors_in, trace
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
@@ -302,7 +302,7 @@ def test_a_torch_without_the_private_calls_is_one_clear_error(monkeypatch):
     """The executor relies on calls of the pinned torch that are not public API (the saved-tensor hooks
     pushed without their context manager, UntypedStorage._swap_data_ptr_): another torch gets one clear
     error naming the fix when the executor is made, not an AttributeError in the middle of a step."""
-    execute_module = importlib.import_module("poetlab.execute")  # (poetlab.execute is also the function)
+    execute_module = importlib.import_module("poetlab.torch.execute")  # (poetlab.torch.execute is also the function)
 
     module, inputs, targets, graph, costs = _traced("resnet", True)
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
@@ -534,7 +534,7 @@ def test_milp_schedule_with_compression_runs_compressed():
 
 def test_hand_made_compression_schedule():
     """Compress a ReLU output, free it, decompress it for the backward pass, then drop the copy."""
-    from poetlab.schedule import Op, Schedule
+    from poetlab.core.schedule import Op, Schedule
 
     module, inputs, targets, graph, costs, relus = _compression_case()
     relu, ops = relus[1], []
@@ -611,7 +611,7 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
     def note(run, k):
         st = run.state[k]
         values = [run.values[name] for name in run.ex._external[k] if name in run.values]
-        ptrs[k] = {r.storage.data_ptr() for r in st.owned} | {t.untyped_storage().data_ptr() for v in values for t in _tensors(v)}
+        ptrs[k] = {r.storage.data_ptr() for r in st.owned} | {t.untyped_storage().data_ptr() for v in values for t in tensors_in(v)}
         return torch.profiler.record_function(f"poetlab-test:{k}")
 
     real_hand_over, real_free = _Run._hand_over, _Run._free
@@ -668,7 +668,7 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
     loss_fn = nn.CrossEntropyLoss()
     worked: list[set[int]] = []
     real_learn = ScheduleExecutor._learn
-    monkeypatch.setattr(importlib.import_module("poetlab.execute"), "_graphless_nodes", lambda executor: frozenset())  # (the module: poetlab.execute is also the function)
+    monkeypatch.setattr(importlib.import_module("poetlab.torch.execute"), "_graphless_nodes", lambda executor: frozenset())  # (the module: poetlab.torch.execute is also the function)
 
     def learn(executor, run):
         worked.append(set(run.worked))
@@ -931,11 +931,11 @@ _FAULTS_PROBE = """
 import resource, statistics, sys
 import torch
 import poetlab
-from poetlab.execute import ScheduleExecutor, retain_freed_memory
-from poetlab.heuristics import greedy_remat_schedule
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.torch_models import build_torch_model
-from poetlab.trace import trace
+from poetlab.torch.execute import ScheduleExecutor, retain_freed_memory
+from poetlab.planners.heuristics import greedy_remat_schedule
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch.models import build_torch_model
+from poetlab.torch.trace import trace
 torch.set_num_threads(1)
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
@@ -979,7 +979,7 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     among them, which the step writes again (reset, rerun: SyncBatchNorm here, which the reruns call as it
     is) to the bytes they were saved with: their versions are set back, and without that the backward pass
     fails."""
-    executing = importlib.import_module("poetlab.execute")  # (the module: the package exports a function of its name)
+    executing = importlib.import_module("poetlab.torch.execute")  # (the module: the package exports a function of its name)
 
     module, inputs, targets = _case("mobilenet")
     module = _sync_norms(module)  # (BatchNorm's own classes rerun through a stand-in that writes nothing)
@@ -1018,7 +1018,7 @@ def test_nodes_only_recomputed_run_first_without_autograds_graph(monkeypatch):
     assert executor._graphless and not executor._graphless & executor._managed
     assert all(graph.nodes[i].kind == "TransformerEncoderLayer" for i in executor._graphless)
     graphless = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
-    monkeypatch.setattr(importlib.import_module("poetlab.execute"), "_graphless_nodes", lambda executor: frozenset())
+    monkeypatch.setattr(importlib.import_module("poetlab.torch.execute"), "_graphless_nodes", lambda executor: frozenset())
     with_graph = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
     assert graphless.peak_bytes < with_graph.peak_bytes
     assert graphless.n_recomputes == with_graph.n_recomputes > 0
@@ -1141,7 +1141,7 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
     (paged out and in). Taken for ``b``'s, that output would be held by ``b`` and emptied at ``b``'s free,
     before the multiplication reads it; known dead (a weak reference to the storage), it is ``c``'s own:
     three steps give a plain step's gradients and counts (``_check_step``)."""
-    executing = importlib.import_module("poetlab.execute")
+    executing = importlib.import_module("poetlab.torch.execute")
     torch.manual_seed(0)
     module, inputs, targets = _Fork(), torch.randn(8, 64), torch.randint(0, 10, (8,))
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=False)

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.finetune import DigitsCNN, compare_training, digits_batches
-from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.trace import trace
+from poetlab.torch.finetune import DigitsCNN, compare_training, digits_batches
+from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch.trace import trace
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")

@@ -8,7 +8,7 @@ import pytest
 
 from poetlab import TrainingGraph, build_paper_graph
 from poetlab.errors import GraphFileError, InvalidArgumentError, OutputError
-from poetlab.graph import Node
+from poetlab.core.graph import Node
 
 
 @pytest.mark.parametrize("model", ["linear", "resnet18_cifar", "transformer"])

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule, minimal_recompute
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule, minimal_recompute
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.solver import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
 
 from small_graphs import residual
 

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO
 from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.pipeline import load_params, stage_params
+from poetlab.reproduction.params import load_params, stage_params
 
 PARAMS = REPO / "params.yaml"
 

@@ -9,7 +9,7 @@ import yaml
 
 from poetlab import available_platforms, load_platform, load_platform_file
 from poetlab.errors import PlatformSpecError, UnknownNameError
-from poetlab.platforms import COEFFICIENT_UNITS, evaluate_number
+from poetlab.core.platforms import COEFFICIENT_UNITS, evaluate_number
 
 from conftest import PLATFORM_DIR
 
@@ -121,3 +121,14 @@ def test_platform_directory_and_unknown_name(tmp_path, monkeypatch):
     assert load_platform("m4") == load_platform("m4", PLATFORM_DIR)
     with pytest.raises(PlatformSpecError, match="not found"):
         available_platforms(tmp_path / "missing")
+
+
+def test_the_data_folder_comes_from_poetlab_data(monkeypatch, tmp_path):
+    from poetlab.core.data import DATA_DIR_ENV, data_dir
+
+    (tmp_path / "platforms").mkdir()
+    (tmp_path / "platforms" / "a72.yaml").write_text((data_dir() / "platforms" / "a72.yaml").read_text())
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    monkeypatch.delenv("POETLAB_PLATFORM_DIR", raising=False)
+    assert data_dir() == tmp_path
+    assert available_platforms() == ("a72",)

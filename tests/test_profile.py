@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from poetlab import CostModel, InvalidArgumentError, TrainingGraph, checkpoint_all_schedule, simulate, trace
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.profile import (
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.torch.profile import (
     HostProfile,
     PagingDirError,
     ProfileFileError,
@@ -54,7 +54,7 @@ def test_disk_profile_measures_the_executors_paging(tmp_path, monkeypatch):
     import errno
     import os
 
-    from poetlab.paging import PageStore
+    from poetlab.torch.paging import PageStore
 
     writes = []
     real_write = PageStore._write
@@ -203,13 +203,13 @@ def test_the_rerun_probe_reruns_a_node_as_the_executor_does():
     """Each forward node is rerun in the middle of a backward pass with grad on and what autograd saves
     collected (the executor's rerun, not a forward pass under the backward pass's grad mode, off), in one
     step of every ``stride``: ``repeats`` samples each, from ``(warmup + repeats) * stride`` whole steps."""
-    from poetlab.profile import _rerun_samples
-    from poetlab.trace import _trace
+    from poetlab.torch.profile import _rerun_samples
+    from poetlab.torch.trace import trace_step
 
     torch.manual_seed(0)
     module = Spied()
     x, y = torch.randn(8, 16), torch.randint(4, (8,))
-    traced = _trace(module, (x,), nn.CrossEntropyLoss(), y, fuse=False, name="spied")
+    traced = trace_step(module, (x,), nn.CrossEntropyLoss(), y, fuse=False, name="spied")
     for stride in (1, 2):
         module.calls.clear()
         samples = _rerun_samples(traced, (x,), nn.CrossEntropyLoss(), y, repeats=3, warmup=1, clock="cpu", stride=stride)
@@ -224,7 +224,7 @@ def test_paging_dir_errors(tmp_path, monkeypatch):
         check_paging_dir(tmp_path / "nope", 1)
     with pytest.raises(PagingDirError, match="is not writable"):
         check_paging_dir("/proc", 1)
-    import poetlab.profile as profile_module
+    import poetlab.torch.profile as profile_module
 
     monkeypatch.setattr(profile_module.shutil, "disk_usage", lambda path: type("U", (), {"free": 1000})())
     with pytest.raises(PagingDirError, match="has 1,000 bytes free, the disk benchmark needs"):

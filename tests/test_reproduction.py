@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from conftest import REPO
-from poetlab.comparison import ComparisonRow
+from poetlab.planners.comparison import ComparisonRow
 from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.paper_models import build_paper_graph
-from poetlab.platforms import load_platform
+from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.platforms import load_platform
 from poetlab.reproduction import claims as claims_module
 from poetlab.reproduction.config import STAGES, SweepConfig, stage_config
 from poetlab.reproduction.feasibility import feasibility_table, inference_peak_bytes, memory_ratio_table
@@ -27,7 +27,7 @@ from poetlab.reproduction.fig5_capuchin import capuchin_figure, capuchin_metrics
 from poetlab.reproduction.report import Section, report_markdown
 from poetlab.reproduction.table2_platforms import load_table_platforms, platform_table
 from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
-from poetlab.tables import write_table
+from poetlab.reproduction.tables import write_table
 
 PARAMS = REPO / "params.yaml"
 NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report", "techniques_frontier")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from poetlab import CostModel, load_platform
-from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
+from poetlab.core.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
 
 from small_graphs import mlp, residual
 
@@ -133,7 +133,7 @@ def test_a_schedule_round_trips_through_its_file(tmp_path):
     """Schedule.save/load: the same operations back, and a time-limited plan can be kept and run again;
     a file that is not a schedule, or one with a node out of range, is one line that names the file."""
     from poetlab import ScheduleFileError
-    from poetlab.heuristics import greedy_paging_schedule
+    from poetlab.planners.heuristics import greedy_paging_schedule
 
     graph = residual()
     costs = CostModel.from_flops(graph, load_platform("a72"))

@@ -1,7 +1,7 @@
 """Sparse update as a graph transformation of a real model (:func:`poetlab.techniques.transforms.scheme_graph`).
 
 Oracles: autograd's saved tensors counted by :func:`scheme_memory_bytes` (distinct storages, parameters
-out), the allocator's peak while :func:`poetlab.execute` runs the checkpoint-all schedule, and plain
+out), the allocator's peak while :func:`poetlab.torch.execute` runs the checkpoint-all schedule, and plain
 ``loss.backward()`` on the same scheme-applied module for gradients (bit for bit, deterministic
 algorithms, one thread). Tolerances, and why:
 
@@ -9,7 +9,7 @@ algorithms, one thread). Tolerances, and why:
   backward (the trace keeps a node's output together with, e.g., dropout's mask: the one unit POET
   keeps, recomputes or pages), here at most the one 5 kB dropout output; otherwise the same storages.
 - trained parameter bytes: exact (the graph charges only parameters that get a gradient).
-- measured peak of checkpoint-all: within :func:`poetlab.execute.memory_allowance_bytes` of the
+- measured peak of checkpoint-all: within :func:`poetlab.torch.execute.memory_allowance_bytes` of the
   simulator's (one convolution's im2col workspace, which the graph does not model).
 """
 
@@ -23,12 +23,12 @@ from torch import nn
 
 import poetlab
 from poetlab.errors import InvalidArgumentError
-from poetlab.execute import execute, memory_allowance_bytes
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.torch.execute import execute, memory_allowance_bytes
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.techniques.sparse_update import SparseUpdateScheme, parse_scheme, scheme_memory_bytes, updatable_layers
 from poetlab.techniques.transforms import scheme_graph, sparse_update_graph
-from poetlab.torch_models import MobileNetV2
+from poetlab.torch.models import MobileNetV2
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 

@@ -9,10 +9,10 @@ import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.errors import InvalidArgumentError
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.schedule import checkpoint_all_schedule, simulate
-from poetlab.poet_solver import min_footprint_bytes, solve
-from poetlab.solvers import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.planners.poet.solver import min_footprint_bytes, solve
+from poetlab.planners.poet.backends import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license
 
 from small_graphs import mlp, residual
 
@@ -190,7 +190,7 @@ def test_staged_and_unstaged_reach_the_same_optimum():
 def test_a_given_start_bounds_the_result_even_at_a_short_time_limit():
     """A start of the user's own is never thrown away by a short solve; a start over the budget is
     ignored, not an error."""
-    from poetlab.heuristics import greedy_remat_schedule
+    from poetlab.planners.heuristics import greedy_remat_schedule
 
     graph, costs, peak = _setup("resnet18_cifar", "m4")
     budget = int(0.7 * peak)

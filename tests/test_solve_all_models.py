@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from poetlab import PAPER_MODELS, CostModel, build_paper_graph, load_platform, simulate, solve
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import checkpoint_all_schedule
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import checkpoint_all_schedule
 
 pytestmark = pytest.mark.slow
 

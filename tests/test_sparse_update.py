@@ -21,7 +21,7 @@ from poetlab.techniques.sparse_update import (
     tiny_training_scheme,
     updatable_layers,
 )
-from poetlab.torch_models import MobileNetV2
+from poetlab.torch.models import MobileNetV2
 
 
 @pytest.fixture(scope="module")

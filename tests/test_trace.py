@@ -1,4 +1,4 @@
-"""``poetlab.trace`` against real torch: real fx graphs, real autograd saved tensors, real flop counts."""
+"""``poetlab.torch.trace`` against real torch: real fx graphs, real autograd saved tensors, real flop counts."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from torch import fx, nn
 
 from poetlab import TrainingGraph, trace
-from poetlab.torch_models import ResNet18, build_torch_model
-from poetlab.trace import TraceError, whole_step_flops
+from poetlab.torch.models import ResNet18, build_torch_model
+from poetlab.torch.trace import TraceError, whole_step_flops
 
 
 class SkipNet(nn.Module):
@@ -235,10 +235,10 @@ def test_gradients_of_a_traced_graph_are_pinned(tmp_path):
     refuses a schedule that pages or recomputes one, and no planner proposes one (POET's MILP at a
     budget tight enough to page and recompute, the greedy starts, DTR, Capuchin)."""
     import poetlab
-    from poetlab.baselines import capuchin, dtr
-    from poetlab.baselines.base import Budgets, CannotMeetBudget
-    from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
-    from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
+    from poetlab.planners.baselines import capuchin, dtr
+    from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
+    from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
+    from poetlab.core.schedule import InvalidScheduleError, Op, OpKind, Schedule, checkpoint_all_schedule, simulate
 
     torch.manual_seed(0)
     module = ResNet18(10, width=4).train()

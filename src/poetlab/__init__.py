@@ -5,7 +5,12 @@ layer list, or :func:`trace` of an ``nn.Module``) give a :class:`CostModel`; pla
 those and budgets into schedules; a simulator checks and costs every schedule.
 """
 
-from poetlab.costs import CostModel
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import Node, TrainingGraph
+from poetlab.core.paper_models import PAPER_MODELS, build_paper_graph
+from poetlab.core.platforms import Platform, available_platforms, load_platform, load_platform_file
+from poetlab.core.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
+from poetlab.core.summary import GraphSummary, summarize_graph
 from poetlab.errors import (
     GraphFileError,
     InvalidArgumentError,
@@ -15,26 +20,25 @@ from poetlab.errors import (
     ScheduleFileError,
     UnknownNameError,
 )
-from poetlab.execute import ExecutionError, ExecutionResult, ScheduleExecutor, execute
-from poetlab.graph import Node, TrainingGraph
-from poetlab.paper_models import PAPER_MODELS, build_paper_graph
-from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
-from poetlab.poet_solver import SolveResult, solve
-from poetlab.schedule import InvalidScheduleError, Op, OpKind, Schedule, SimulationResult, checkpoint_all_schedule, simulate
-from poetlab.summary import GraphSummary, summarize_graph
+from poetlab.planners.poet.solver import SolveResult, solve
 
 __version__ = "0.1.0"
 
 # Names that need torch are imported on first use (PEP 562), so that ``import poetlab`` stays light: the
-# HiGHS worker process imports the package for every solve, and torch alone takes seconds to import.
+# HiGHS worker process imports the package for every solve, and torch alone takes seconds to import
+# (tests/test_layout.py checks it in a fresh interpreter).
 _LAZY = {
-    "TraceError": "poetlab.trace",
-    "trace": "poetlab.trace",
-    "trace_torch_model": "poetlab.trace",
-    "HostProfile": "poetlab.profile",
-    "PagingDirError": "poetlab.profile",
-    "ProfileFileError": "poetlab.profile",
-    "profile_host": "poetlab.profile",
+    "ExecutionError": "poetlab.torch.execute",
+    "ExecutionResult": "poetlab.torch.execute",
+    "ScheduleExecutor": "poetlab.torch.execute",
+    "execute": "poetlab.torch.execute",
+    "TraceError": "poetlab.torch.trace",
+    "trace": "poetlab.torch.trace",
+    "trace_torch_model": "poetlab.torch.trace",
+    "HostProfile": "poetlab.torch.profile",
+    "PagingDirError": "poetlab.torch.profile",
+    "ProfileFileError": "poetlab.torch.profile",
+    "profile_host": "poetlab.torch.profile",
 }
 
 

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from poetlab import __version__
-from poetlab._io import write_text_atomic
-from poetlab.costs import CostModel
+from poetlab.core.files import write_text_atomic
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
-from poetlab.graph import TrainingGraph
-from poetlab.paper_models import PAPER_MODELS, build_paper_graph
-from poetlab.platforms import HOST, available_platforms, load_platform
-from poetlab.poet_solver import solve
-from poetlab.summary import summarize_graph
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.paper_models import PAPER_MODELS, build_paper_graph
+from poetlab.core.platforms import HOST, available_platforms, load_platform
+from poetlab.planners.poet.solver import solve
+from poetlab.core.summary import summarize_graph
 
 EXIT_USAGE = 2
 EXIT_NO_SCHEDULE = 1  # `solve` found no schedule (infeasible, or nothing within the time limit)
@@ -59,10 +59,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def _model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
     """A paper model's layer-list graph, or a torch model's traced graph."""
-    from poetlab.torch_models import TORCH_MODELS
+    from poetlab.torch.models import TORCH_MODELS
 
     if model in TORCH_MODELS:
-        from poetlab.trace import trace_torch_model
+        from poetlab.torch.trace import trace_torch_model
 
         return trace_torch_model(model, batch_size, fuse=fuse)
     if model not in PAPER_MODELS:
@@ -74,7 +74,7 @@ def _model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
 
 def _host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
     """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate."""
-    from poetlab.profile import HostProfile, find_host_profile
+    from poetlab.torch.profile import HostProfile, find_host_profile
 
     path = args.profile or find_host_profile(args.model, args.fuse)
     profile = HostProfile.load(path)
@@ -132,17 +132,17 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
         graph = sparse_update_graph(graph, args.freeze_before)
         costs = CostModel.from_flops(graph, load_platform(args.platform, args.platform_dir))
     if args.compress:
-        traced = graph.metadata.get("source") == "poetlab.trace"
+        traced = graph.metadata.get("source") == "poetlab.torch.trace"
         if args.density is not None:
             kinds = comp.TRACED_SPARSE_KINDS if traced else comp.SPARSE_KINDS
             densities = {i: args.density for i, node in enumerate(graph.nodes) if node.kind.split("+")[-1] in kinds and not node.is_backward}
         elif traced:  # measured node by node on the module and batch it was traced from
-            from poetlab.torch_models import build_torch_model
+            from poetlab.torch.models import build_torch_model
 
             built = build_torch_model(args.model, args.batch_size, int(graph.metadata.get("seed", 0)))
             densities = comp.graph_densities(built.module, built.inputs, built.loss_fn, built.targets, graph)
         else:
-            from poetlab.torch_models import TORCH_MODELS, build_torch_model
+            from poetlab.torch.models import TORCH_MODELS, build_torch_model
 
             twin = f"{args.model}_torch"
             if twin not in TORCH_MODELS:
@@ -152,7 +152,7 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
         if args.platform == HOST:  # compress and decompress timed here, at the profile's compute power
             import torch
 
-            from poetlab.profile import HostProfile, find_host_profile
+            from poetlab.torch.profile import HostProfile, find_host_profile
 
             profile = HostProfile.load(args.profile or find_host_profile(args.model, args.fuse))
             threads = torch.get_num_threads()
@@ -173,7 +173,7 @@ def _scheme_graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, Co
     (:func:`poetlab.techniques.transforms.scheme_graph`), costed like any traced graph."""
     from poetlab.techniques.sparse_update import parse_scheme
     from poetlab.techniques.transforms import scheme_graph
-    from poetlab.torch_models import TORCH_MODELS, build_torch_model
+    from poetlab.torch.models import TORCH_MODELS, build_torch_model
 
     if args.model not in TORCH_MODELS:
         hint = f" (try {args.model}_torch, or --freeze-before N on the paper graph)" if f"{args.model}_torch" in TORCH_MODELS else ""
@@ -208,7 +208,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         verbose=args.verbose,
     )
     if args.plot and result.schedule is not None:
-        from poetlab.plotting import save_figure, schedule_figure
+        from poetlab.reproduction.plotting import save_figure, schedule_figure
 
         title = f"{args.model} on {args.platform}: {result.status}, {result.energy_j:.6g} J"
         save_figure(schedule_figure(result.schedule, result.simulation, args.ram_budget, title), args.plot)
@@ -236,9 +236,9 @@ def _cmd_execute(args: argparse.Namespace) -> int:
 
     import torch
 
-    from poetlab.execute import retain_freed_memory
-    from poetlab.finetune import compare_training
-    from poetlab.torch_models import TORCH_MODELS, build_torch_model
+    from poetlab.torch.execute import retain_freed_memory
+    from poetlab.torch.finetune import compare_training
+    from poetlab.torch.models import TORCH_MODELS, build_torch_model
 
     if args.model not in TORCH_MODELS:
         raise InvalidArgumentError(f"only traced torch models can be executed, not {args.model!r}; valid: {', '.join(TORCH_MODELS)}")
@@ -316,7 +316,7 @@ def _cmd_bittrain(args: argparse.Namespace) -> int:
 
 def _cmd_sparse_update(args: argparse.Namespace) -> int:
     from poetlab.techniques.sparse_update import measure_scheme, parse_scheme
-    from poetlab.torch_models import build_torch_model
+    from poetlab.torch.models import build_torch_model
 
     built = build_torch_model(args.model, args.batch_size, 0)
     scheme = parse_scheme(args.scheme, built.module)
@@ -341,7 +341,7 @@ def _cmd_platforms(args: argparse.Namespace) -> int:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from poetlab.torch_models import TORCH_MODELS
+    from poetlab.torch.models import TORCH_MODELS
 
     for name, spec in PAPER_MODELS.items():
         print(f"{name:<22} paper   {spec.description}")
@@ -351,8 +351,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from poetlab.profile import default_profile_path, profile_host
-    from poetlab.torch_models import TORCH_MODELS
+    from poetlab.torch.profile import default_profile_path, profile_host
+    from poetlab.torch.models import TORCH_MODELS
 
     if args.platform != HOST:
         raise InvalidArgumentError(f"only the host platform can be profiled (got {args.platform!r}); the paper platforms are coefficient files")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from poetlab._io import parse_json, read_json_file, write_text_atomic
+from poetlab.core.files import parse_json, read_json_file, write_text_atomic
 from poetlab.errors import GraphFileError, InvalidArgumentError
 
 GRAPH_FORMAT_VERSION = 1
@@ -110,7 +110,7 @@ class TrainingGraph:
     def pinned(self) -> np.ndarray:
         """Per node, whether every schedule must compute it exactly once and hold it until its last use
         (no recompute, no paging): the gradients of a graph whose backward pass is autograd's
-        (``metadata["gradients_in_engine"]``, set by :func:`poetlab.trace`). Autograd's engine holds
+        (``metadata["gradients_in_engine"]``, set by :func:`poetlab.torch.trace`). Autograd's engine holds
         each gradient from the node that makes it to the one that reads it, out of any executor's
         reach, so a plan that pages or recomputes one could not be carried out as planned. (The batch
         is the caller's: an executor keeps it whatever the plan says, and "recomputing" it is a no-op.)"""
@@ -195,6 +195,14 @@ class TrainingGraph:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TrainingGraph:
         return cls.from_dict(read_json_file(path, GraphFileError, "graph"), str(path))
+
+
+def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
+    """(bytes, node): the largest output-plus-inputs of any node, which any schedule must hold at once."""
+    sizes = graph.output_bytes
+    footprint = np.array([sizes[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
+    node = int(footprint.argmax())
+    return int(footprint[node]), node
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ simplifications are kept on purpose and named here rather than fixed:
   earlier layer, the later layer and the previous gradient, with ``2 * flop(earlier)`` flops and the
   later layer's output shape. Skip connections are not mirrored in the backward pass.
 
-Traced PyTorch models (:mod:`poetlab.trace`) mirror autograd's real dependencies instead.
+Traced PyTorch models (:mod:`poetlab.torch.trace`) mirror autograd's real dependencies instead.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.graph import Node, TrainingGraph
+from poetlab.core.graph import Node, TrainingGraph
 
 #: Bytes per activation element: the release stores every tensor as 4-byte floats.
 BYTES_PER_ELEMENT = 4
@@ -302,4 +302,4 @@ def conv_chain_graph(channels: int = 8, side: int = 8, depth: int = 3) -> Traini
     for _ in range(depth):
         x = net.elementwise("relu", net.conv2d(x, channels, channels, 3, 1, 1))
     net.cross_entropy(net.flatten(x), 4)
-    return training_graph("conv_chain", net, {"source": "poetlab.paper_models.conv_chain_graph"})
+    return training_graph("conv_chain", net, {"source": "poetlab.core.paper_models.conv_chain_graph"})

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from poetlab._io import read_text_or_raise
+from poetlab.core.files import read_text_or_raise
+from poetlab.core.data import DATA_DIR_ENV, data_dir
 from poetlab.errors import PlatformSpecError, UnknownNameError
 
 #: The name of this machine as a platform: measured by `poetlab profile` (data/profiles), not a YAML file.
@@ -210,11 +211,11 @@ def _with_path(platform: Platform, path: Path) -> Platform:
 
 
 def default_platform_dir() -> Path:
-    """Where the tracked platform files are: ``$POETLAB_PLATFORM_DIR`` or the checkout's ``data/platforms``."""
+    """Where the tracked platform files are: ``$POETLAB_PLATFORM_DIR``, else ``platforms/`` of :func:`data_dir`."""
     env = os.environ.get(PLATFORM_DIR_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "data" / "platforms"
+    return data_dir() / "platforms"
 
 
 def available_platforms(platform_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
@@ -222,7 +223,7 @@ def available_platforms(platform_dir: str | os.PathLike[str] | None = None) -> t
     directory = Path(platform_dir) if platform_dir is not None else default_platform_dir()
     if not directory.is_dir():
         raise PlatformSpecError(
-            f"platform directory {directory} not found; run from a poetlab checkout or set {PLATFORM_DIR_ENV}"
+            f"platform directory {directory} not found; run from a poetlab checkout or set {DATA_DIR_ENV} or {PLATFORM_DIR_ENV}"
         )
     return tuple(sorted(p.stem for p in directory.glob("*.yaml")))
 

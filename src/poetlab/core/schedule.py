@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from poetlab._io import parse_json, read_json_file, write_text_atomic
-from poetlab.costs import CostModel
+from poetlab.core.files import parse_json, read_json_file, write_text_atomic
+from poetlab.core.costs import CostModel
 from poetlab.errors import PoetlabError, ScheduleFileError
-from poetlab.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph
 
 #: the version of the JSON that :meth:`Schedule.to_json` writes
 SCHEDULE_FORMAT_VERSION = 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 from tqdm.auto import tqdm
 
-from poetlab.baselines import BASELINES, Budgets, PlanOptions, run_baseline
-from poetlab.baselines.milp_variants import MILP_VARIANTS, solve_variant
-from poetlab.costs import CostModel
+from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
+from poetlab.planners.baselines.milp_variants import MILP_VARIANTS, solve_variant
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.graph import TrainingGraph
-from poetlab.paper_models import build_paper_graph
-from poetlab.platforms import load_platform
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import Schedule, SimulationResult, checkpoint_all_schedule, simulate
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.platforms import load_platform
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import Schedule, SimulationResult, checkpoint_all_schedule, simulate
 
 METHODS: tuple[str, ...] = (*MILP_VARIANTS, *(name for name in BASELINES if name not in MILP_VARIANTS))
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import Schedule
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import Schedule
 
 
 def _stage_memory(S_RAM: np.ndarray, M_IN: np.ndarray, nbytes: np.ndarray, prefetch: bool) -> np.ndarray:
@@ -36,7 +36,7 @@ def greedy_paging_schedule(
     """A schedule with no recomputation whose every stage fits ``ram_budget_bytes``, or None.
 
     The budget is checked with the MILP's accounting; the caller replays the result with
-    :func:`~poetlab.schedule.simulate` before trusting it.
+    :func:`~poetlab.core.schedule.simulate` before trusting it.
     """
     T = graph.n_nodes
     nbytes = graph.output_bytes.astype(float)

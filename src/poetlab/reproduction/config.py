@@ -12,12 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from poetlab.baselines.milp_variants import MILP_VARIANTS
-from poetlab.comparison import METHODS
+from poetlab.planners.baselines.milp_variants import MILP_VARIANTS
+from poetlab.planners.comparison import METHODS
 from poetlab.errors import InvalidArgumentError
-from poetlab.paper_models import PAPER_MODELS
-from poetlab.pipeline import PARAMS_FILE, load_params, stage_params
-from poetlab.platforms import HOST, available_platforms
+from poetlab.core.paper_models import PAPER_MODELS
+from poetlab.reproduction.params import PARAMS_FILE, load_params, stage_params
+from poetlab.core.platforms import HOST, available_platforms
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class ReportConfig:
 @dataclass(frozen=True)
 class TechniquesFrontierConfig:
     """The frontier of POET, POET+compression and sparse update on one conv chain
-    (:func:`poetlab.paper_models.conv_chain_graph`, with autograd's saved tensors): every ReLU output at
+    (:func:`poetlab.core.paper_models.conv_chain_graph`, with autograd's saved tensors): every ReLU output at
     ``relu_density`` (``density_margin`` added for safety), sparse update under ``sparse_scheme`` (the
     syntax of :func:`poetlab.techniques.sparse_update.parse_scheme`: full, bias-only, last-K, sparse), memory budgets as fractions from the smallest footprint (0) to checkpoint-all (1)."""
 
@@ -235,7 +235,7 @@ def _scheme_spec(s: _Section, name: str, n_layers: int) -> str:
 
 
 def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
-    from poetlab.solvers import SOLVERS
+    from poetlab.planners.poet.backends import SOLVERS
 
     s.only("channels", "side", "depth", "platform", "relu_density", "density_margin", "sparse_scheme", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "solver")
     depth = int(s.number("depth", 1, 64, integer=True))

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.heuristics import greedy_paging_schedule
-from poetlab.paper_models import build_paper_graph
-from poetlab.platforms import Platform
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.heuristics import greedy_paging_schedule
+from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.platforms import Platform
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
 
 PAPER_TRAIN_INFERENCE_RATIO = 200.0
 CORTEX_M_PLATFORMS = ("m0", "m4")

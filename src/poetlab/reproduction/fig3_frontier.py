@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE
 
 
 def frontier_figure(rows: pd.DataFrame, ram_bytes: Mapping[str, float | None] | None = None, platforms: Sequence[str] | None = None) -> plt.Figure:
@@ -85,6 +85,6 @@ def frontier_metrics(rows: pd.DataFrame) -> dict[str, object]:
 
 def device_ram_bytes(platforms: Sequence[str]) -> dict[str, float | None]:
     """Each platform's RAM (bytes) from its file, None where the file does not say."""
-    from poetlab.platforms import load_platform
+    from poetlab.core.platforms import load_platform
 
     return {name: load_platform(name).ram_bytes for name in platforms}

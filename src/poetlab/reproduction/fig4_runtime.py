@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE
 
 LABELS = {"poet": "POET (integrated)", "checkmate": "remat only", "paging_only": "paging only"}
 

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE
 
 PAPER_CAPUCHIN_OVERHEAD = (0.73, 1.41)
 PAPER_POET_OVERHEAD_BELOW = 0.01

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from poetlab.errors import OutputError  # noqa: E402
-from poetlab.schedule import Schedule, SimulationResult  # noqa: E402
+from poetlab.core.schedule import Schedule, SimulationResult  # noqa: E402
 
 STYLE = {"style": "whitegrid", "context": "paper"}
 

@@ -1,5 +1,5 @@
 """Solve a grid into tidy rows: one row per (model, platform, runtime budget, memory budget, method),
-the columns of :class:`poetlab.comparison.ComparisonRow`. Every figure of the paper is drawn from such
+the columns of :class:`poetlab.planners.comparison.ComparisonRow`. Every figure of the paper is drawn from such
 rows; energy, runtime and peak always come from the simulator, and MILP rows carry their status and gap.
 """
 
@@ -12,11 +12,11 @@ from dataclasses import asdict
 import pandas as pd
 from tqdm.auto import tqdm
 
-from poetlab.baselines import PlanOptions
-from poetlab.comparison import ComparisonRow, compare_methods
-from poetlab.costs import CostModel
-from poetlab.paper_models import build_paper_graph
-from poetlab.platforms import load_platform
+from poetlab.planners.baselines import PlanOptions
+from poetlab.planners.comparison import ComparisonRow, compare_methods
+from poetlab.core.costs import CostModel
+from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.platforms import load_platform
 from poetlab.reproduction.config import SweepConfig
 
 COLUMNS: tuple[str, ...] = tuple(ComparisonRow.__dataclass_fields__)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from poetlab.platforms import HOST, Platform, load_platform
+from poetlab.core.platforms import HOST, Platform, load_platform
 
 #: The device the paper's Table 2 names for each platform of the release.
 PAPER_NAMES = {
@@ -24,7 +24,7 @@ PAPER_NAMES = {
 def load_table_platforms(names: Sequence[str]) -> list[Platform]:
     """The platforms named, each from its YAML file, and ``host`` from its committed profile (the one of
     ``resnet18_cifar_torch`` if present, else any host profile in ``data/profiles``)."""
-    from poetlab.profile import HostProfile, find_host_profile
+    from poetlab.torch.profile import HostProfile, find_host_profile
 
     return [
         HostProfile.load(find_host_profile("resnet18_cifar_torch")).platform() if name == HOST else load_platform(name)

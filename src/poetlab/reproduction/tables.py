@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
-from poetlab._io import write_text_atomic
-from poetlab.costs import CostModel
+from poetlab.core.files import write_text_atomic
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError
-from poetlab.paper_models import build_paper_graph
-from poetlab.platforms import load_platform
-from poetlab.summary import summarize_graph
+from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.platforms import load_platform
+from poetlab.core.summary import summarize_graph
 
 
 def graph_table(

@@ -1,8 +1,8 @@
 """Not in the paper: the memory-vs-energy frontier of POET, POET with compression (our extension) and
 sparse update on one conv chain, drawn by :mod:`poetlab.techniques.frontier`.
 
-The model is a real one, :class:`poetlab.torch_models.ConvChain` (3x3 convolution + ReLU, ``depth`` times,
-and a linear classifier), seeded, and every series plans a graph :func:`poetlab.trace` made from it, with
+The model is a real one, :class:`poetlab.torch.models.ConvChain` (3x3 convolution + ReLU, ``depth`` times,
+and a linear classifier), seeded, and every series plans a graph :func:`poetlab.torch.trace` made from it, with
 cheap element-wise nodes fused into their convolutions (so a ReLU output is the convolution's node, and
 recomputing it costs the convolution's flops): POET and POET+compression plan the plain step, sparse
 update the step of ``sparse_scheme`` applied for real (:func:`poetlab.techniques.transforms.scheme_graph`:
@@ -16,16 +16,16 @@ import pandas as pd
 import torch
 from torch import nn
 
-from poetlab.costs import CostModel
-from poetlab.platforms import load_platform
-from poetlab.poet_solver import min_footprint_bytes
+from poetlab.core.costs import CostModel
+from poetlab.core.platforms import load_platform
+from poetlab.core.graph import min_footprint_bytes
 from poetlab.reproduction.config import TechniquesFrontierConfig
-from poetlab.schedule import checkpoint_all_schedule, simulate
+from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.techniques.frontier import METHODS, frontier_table
 from poetlab.techniques.sparse_update import parse_scheme
 from poetlab.techniques.transforms import scheme_graph
-from poetlab.torch_models import ConvChain
-from poetlab.trace import trace
+from poetlab.torch.models import ConvChain
+from poetlab.torch.trace import trace
 
 MODEL_NAME = "conv_chain_torch"
 

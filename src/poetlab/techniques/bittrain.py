@@ -245,7 +245,7 @@ def measure_bittrain(model: str = "resnet18_cifar_torch", batch_size: int = 8, r
     import statistics
 
     from poetlab.techniques.memory import measure_peak_bytes, parameter_bytes
-    from poetlab.torch_models import build_torch_model
+    from poetlab.torch.models import build_torch_model
 
     built = build_torch_model(model, batch_size, seed)
     module = built.module

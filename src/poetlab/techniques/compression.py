@@ -12,10 +12,10 @@ paging; this is our extension, not a reproduction.
   than the profile) and the time and energy to compress and decompress it. Two ways to cost them:
   *measured* (``rates``, a :class:`BitmapRates` from :func:`measure_bitmap_rates`: this host's time per
   element and per non-zero of :func:`poetlab.techniques.bittrain.compress` and ``decompress``, the very
-  functions :mod:`poetlab.execute` runs, at ``power_w``, the host profile's compute power), or, on a
+  functions :mod:`poetlab.torch.execute` runs, at ``power_w``, the host profile's compute power), or, on a
   paper platform, the *estimate* of ``flop_per_element`` flop-equivalents per element on the platform's
   flop model (:data:`FLOP_PER_ELEMENT`; an estimate, not a measurement of that device).
-- :func:`graph_densities`: densities of a traced graph (:mod:`poetlab.trace`), one per forward node,
+- :func:`graph_densities`: densities of a traced graph (:mod:`poetlab.torch.trace`), one per forward node,
   keyed by node index, measured on the real module and batch: the non-zero fraction of exactly the bytes
   the node owns (output and internal saved tensors), which are the bytes a schedule compresses. Fused
   nodes (``Conv2d+BatchNorm2d+ReLU``: a dense convolution output beside a sparse ReLU output) get the
@@ -27,7 +27,7 @@ paging; this is our extension, not a reproduction.
   node's bytes are not one ReLU's output): use :func:`graph_densities`.
 - The graph transformations that go with it live in :mod:`poetlab.techniques.transforms`.
 
-The MILP side is :class:`poetlab.milp.MilpOptions` (``compression=True``) and ``poetlab.solve(...,
+The MILP side is :class:`poetlab.planners.poet.milp.MilpOptions` (``compression=True``) and ``poetlab.solve(...,
 compression=True)``; every schedule goes through :func:`poetlab.simulate`, which knows the compress,
 decompress and compressed-free operations.
 """
@@ -42,11 +42,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from poetlab.costs import CompressionCosts
+from poetlab.core.costs import CompressionCosts
 from poetlab.errors import InvalidArgumentError
-from poetlab.graph import TrainingGraph
-from poetlab.platforms import Platform
-from poetlab.schedule import Schedule, checkpoint_all_schedule
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.platforms import Platform
+from poetlab.core.schedule import Schedule, checkpoint_all_schedule
 from poetlab.techniques.bittrain import break_even_density, compress, compressed_bytes, decompress
 
 #: node kinds whose outputs are sparse (ReLU zeros, and max-pools of ReLU outputs)
@@ -88,7 +88,7 @@ def measure_bitmap_rates(
     seeded float32 tensors of ``numel`` elements at each density (median of ``repeats`` after
     ``warmup``), with torch's current thread count. ``clock`` is ``cpu`` (this thread's CPU time: steady
     on a shared machine; needs one torch thread, as the host profile's node times) or ``wall``."""
-    from poetlab.profile import CLOCKS, _median_time
+    from poetlab.torch.profile import CLOCKS, median_time
 
     if clock not in CLOCKS or (clock == "cpu" and torch.get_num_threads() != 1):
         raise InvalidArgumentError(f"clock must be one of {', '.join(CLOCKS)} (cpu only with one torch thread), got {clock!r}")
@@ -97,7 +97,7 @@ def measure_bitmap_rates(
     generator = torch.Generator().manual_seed(seed)
 
     def median(run: Callable[[], object]) -> float:
-        return _median_time(lambda _: run(), repeats, warmup, clock=clock)[0] / numel
+        return median_time(lambda _: run(), repeats, warmup, clock=clock)[0] / numel
 
     pack, unpack = [], []
     for density in densities:
@@ -246,12 +246,12 @@ def graph_densities(
     """Densities of traced ``graph``'s forward nodes (index -> fraction of non-zero 4-byte words of the
     bytes the node owns), measured in one real training step of ``module`` on ``example_inputs`` (the
     batch may differ from the one traced; the module is left as it was). ``graph`` must come from
-    :func:`poetlab.trace` of this module, fused or not as it was traced."""
-    from poetlab.trace import _trace
+    :func:`poetlab.torch.trace` of this module, fused or not as it was traced."""
+    from poetlab.torch.trace import trace_step
 
-    if graph.metadata.get("source") != "poetlab.trace":
+    if graph.metadata.get("source") != "poetlab.torch.trace":
         raise InvalidArgumentError(f"{graph.name} is not a traced graph; for a paper graph use densities_for_graph(graph, measure_densities(module, inputs))")
-    traced = _trace(module, example_inputs, loss_fn, targets, fuse=bool(graph.metadata.get("fused")), name=graph.name)
+    traced = trace_step(module, example_inputs, loss_fn, targets, fuse=bool(graph.metadata.get("fused")), name=graph.name)
     if tuple(n.name for n in traced.graph.nodes) != tuple(n.name for n in graph.nodes):
         raise InvalidArgumentError(f"{graph.name} was not traced from this module (its nodes differ from a fresh trace); trace it again")
     return traced.node_densities()
@@ -261,7 +261,7 @@ def densities_for_graph(graph: TrainingGraph, measured: Mapping[str, Sequence[fl
     """Assign measured densities to a paper graph's forward nodes of the same kind, in order: one to one
     when the counts agree, otherwise the node at relative depth q gets the measurement at relative
     depth q (nearest). Traced graphs are refused: :func:`graph_densities` measures them node by node."""
-    if graph.metadata.get("source") == "poetlab.trace":
+    if graph.metadata.get("source") == "poetlab.torch.trace":
         raise InvalidArgumentError(f"{graph.name} is a traced graph: measure its densities node by node with graph_densities(module, inputs, loss_fn, targets, graph)")
     out: dict[int, float] = {}
     for kind, values in measured.items():

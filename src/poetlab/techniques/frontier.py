@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from poetlab.costs import CostModel
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError
-from poetlab.graph import TrainingGraph
-from poetlab.platforms import Platform
-from poetlab.poet_solver import solve
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.platforms import Platform
+from poetlab.planners.poet.solver import solve
 from poetlab.techniques.compression import compression_costs
 from poetlab.techniques.transforms import sparse_update_graph
 
@@ -78,7 +78,7 @@ def frontier_figure(table: pd.DataFrame) -> plt.Figure:
     schedule at a budget has no point there."""
     import seaborn as sns
 
-    from poetlab.plotting import STYLE
+    from poetlab.reproduction.plotting import STYLE
 
     sns.set_theme(**STYLE)
     data = table[table.feasible].assign(budget_kb=lambda t: t.ram_budget_bytes / 1e3, energy=lambda t: t.energy_j.astype(float))

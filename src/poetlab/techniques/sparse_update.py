@@ -174,7 +174,7 @@ def _frozen_conv2d(x, weight, bias, stride, padding, dilation, groups):
     """The convolution of a frozen weight: plain ``conv2d`` when nothing upstream needs a gradient (autograd
     records nothing), else :class:`_FrozenConvFunction`. A module-level function marked ``torch.fx.wrap``
     so that ``torch.fx`` records it as one call (its test of ``requires_grad`` is not traceable), which lets
-    :func:`poetlab.trace` and :func:`poetlab.execute` handle a scheme-applied model like any other."""
+    :func:`poetlab.torch.trace` and :func:`poetlab.torch.execute` handle a scheme-applied model like any other."""
     if not (x.requires_grad or (bias is not None and bias.requires_grad)):
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     return _FrozenConvFunction.apply(x, weight, bias, stride, padding, dilation, groups)

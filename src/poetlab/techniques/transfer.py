@@ -21,7 +21,7 @@ from torch import nn
 
 from poetlab.errors import PoetlabError
 from poetlab.techniques.sparse_update import SparseUpdateScheme, apply_scheme, inplace_sgd
-from poetlab.torch_models import MobileNetV2
+from poetlab.torch.models import MobileNetV2
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ with the next and lets the gradient node of a pair (a, b) read both outputs, a a
   not charged.
 - :func:`scheme_graph`: the same for a real ``nn.Module`` and any Tiny Training scheme (bias-only, last-k,
   chosen layers with channel ratios, full): the module with the scheme applied for real
-  (:func:`poetlab.techniques.sparse_update.apply_scheme`), traced by :func:`poetlab.trace`.
+  (:func:`poetlab.techniques.sparse_update.apply_scheme`), traced by :func:`poetlab.torch.trace`.
 - :func:`saved_tensor_graph`: the gradient node of a pair (a, b) reads what PyTorch's autograd saves
   for layer b instead of both outputs: a ReLU saves its output (b), a convolution, linear layer,
   BatchNorm, pooling or loss saves its input(s), a skip add, flatten or dropout saves nothing that is
@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from poetlab.errors import InvalidArgumentError
-from poetlab.graph import Node, TrainingGraph
+from poetlab.core.graph import Node, TrainingGraph
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -65,7 +65,7 @@ def sparse_update_graph(graph: TrainingGraph, first_trained: int) -> TrainingGra
     """``graph`` with every layer before forward node ``first_trained`` frozen: the release's chain of
     gradient nodes stops at the pair (first_trained, first_trained + 1), so the gradient nodes of the
     earlier pairs are dropped. Node order and the forward nodes are kept; indices are renumbered."""
-    if graph.metadata.get("source") == "poetlab.trace":
+    if graph.metadata.get("source") == "poetlab.torch.trace":
         raise InvalidArgumentError(f"{graph.name} is a traced graph; freeze its layers with scheme_graph (CLI: --sparse-update) instead of first_trained")
     forward = graph.forward_indices
     if not 0 < first_trained < len(forward):
@@ -113,7 +113,7 @@ def saved_tensor_graph(graph: TrainingGraph) -> TrainingGraph:
 @dataclass(frozen=True)
 class SchemeGraph:
     """A sparse-update scheme made real and seen by the planner: ``module`` is the scheme-applied copy
-    (the one to train and to :func:`poetlab.execute` a schedule on), ``graph`` its traced training graph.
+    (the one to train and to :func:`poetlab.torch.execute` a schedule on), ``graph`` its traced training graph.
     ``trained_param_bytes`` / ``frozen_param_bytes``: the parameters that get a gradient, and the rest."""
 
     scheme: SparseUpdateScheme
@@ -136,7 +136,7 @@ def scheme_graph(
     """Sparse update as a graph transformation of a real model: the training graph POET should plan for
     ``module`` trained under ``scheme``.
 
-    Why trace the transformed module rather than edit a traced graph: :func:`poetlab.trace` takes the
+    Why trace the transformed module rather than edit a traced graph: :func:`poetlab.torch.trace` takes the
     backward dependencies from what autograd really saves, so the scheme applied for real in PyTorch
     (frozen weights, :class:`~poetlab.techniques.sparse_update._FrozenConv2d` keeping only its weight,
     channel-split convolutions, folded BatchNorm) gives the right graph by construction: layers upstream
@@ -154,7 +154,7 @@ def scheme_graph(
     the whole step, so it over-counts where only an inner tensor is saved; unfused is exact).
     """
     from poetlab.techniques.sparse_update import SparseUpdateScheme, apply_scheme
-    from poetlab.trace import trace
+    from poetlab.torch.trace import trace
 
     if not isinstance(scheme, SparseUpdateScheme):
         raise InvalidArgumentError(f"scheme must be a SparseUpdateScheme (see poetlab.techniques.sparse_update.parse_scheme), got {type(scheme).__name__}")

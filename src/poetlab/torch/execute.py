@@ -1,7 +1,7 @@
-"""``poetlab.execute``: run one training step of a real ``nn.Module`` exactly as a :class:`Schedule` says.
+"""``poetlab.torch.execute``: run one training step of a real ``nn.Module`` exactly as a :class:`Schedule` says.
 
-The schedule's operations (compute, free, page out, page in; :mod:`poetlab.schedule`) are carried out
-on the tensors of a graph traced by :func:`poetlab.trace`, whose forward nodes are groups of ``torch.fx``
+The schedule's operations (compute, free, page out, page in; :mod:`poetlab.core.schedule`) are carried out
+on the tensors of a graph traced by :func:`poetlab.torch.trace`, whose forward nodes are groups of ``torch.fx``
 nodes and whose backward nodes are autograd's own backward of those groups. Nothing of the backward is
 written by hand, so any traced model runs:
 
@@ -10,7 +10,7 @@ written by hand, so any traced model runs:
   batch statistics, a transformer layer's attention): exactly the bytes the trace charges to the node.
 - **free** resizes those storages to zero bytes: the memory goes back to the allocator while every
   tensor object (the output autograd links to, the saved copies autograd holds) stays in place.
-  **page out** writes the storages' bytes to files (:mod:`poetlab.paging`), **page in** resizes them back
+  **page out** writes the storages' bytes to files (:mod:`poetlab.torch.paging`), **page in** resizes them back
   and reads the bytes in, in place. **compute** of a node already computed (a recompute) reruns its fx
   nodes on detached aliases of its inputs and swaps the fresh storages' memory into the emptied ones
   (``UntypedStorage._swap_data_ptr_``: no copy, no second buffer); the same RNG
@@ -103,14 +103,14 @@ from concurrent.futures import Future
 import torch
 from torch import fx, nn
 
-from poetlab.allocations import measure_allocations
-from poetlab.costs import CostModel
+from poetlab.torch.allocations import measure_allocations
+from poetlab.core.costs import CostModel
 from poetlab.errors import PoetlabError
-from poetlab.graph import TrainingGraph
-from poetlab.paging import PageStore
-from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
+from poetlab.core.graph import TrainingGraph
+from poetlab.torch.paging import PageStore
+from poetlab.core.schedule import Op, OpKind, Schedule, SimulationResult, simulate
 from poetlab.techniques.bittrain import BitmapTensor, as_words, compress, decompress
-from poetlab.trace import _fetch_attr, _tensors
+from poetlab.torch.trace import fetch_attr, tensors_in
 
 __all__ = ["ExecutionError", "ExecutionResult", "ScheduleExecutor", "execute", "memory_allowance_bytes", "retain_freed_memory"]
 
@@ -134,7 +134,7 @@ class ExecutionResult:
     its end, set-up and clean-up included (what timing the call from outside would give); ``paging_wall_s`` and
     ``paging_cpu_s`` the wall and CPU time spent in page-outs and synchronous page-ins. Waiting for the
     disk is not CPU time, so :attr:`runtime_s` (CPU time outside paging + paging wall time) is the
-    number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.profile`).
+    number to hold against the simulator's runtime, whose node times are CPU times (:mod:`poetlab.torch.profile`).
 
     ``recompute_cpu_s`` is the CPU time of the recomputes' reruns (the node's own operations, what the
     simulator prices a recompute at), so that the rest of a step's time beyond a plain step's is the
@@ -205,10 +205,10 @@ class _Binding:
     output_arg: object  # the fx output node's argument (the model output, fx nodes inside)
 
 
-def _bind(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
+def bind_graph(graph: TrainingGraph, gm: fx.GraphModule) -> _Binding:
     meta = graph.metadata
-    if meta.get("source") != "poetlab.trace":
-        raise ExecutionError(f"graph {graph.name!r} was not made by poetlab.trace; execute needs a traced graph (poetlab.trace(module, ...))")
+    if meta.get("source") != "poetlab.torch.trace":
+        raise ExecutionError(f"graph {graph.name!r} was not made by poetlab.torch.trace; execute needs a traced graph (poetlab.torch.trace(module, ...))")
     if meta.get("fx_code") is not None and meta["fx_code"] != gm.code:
         raise ExecutionError(f"graph {graph.name!r} was traced from a different module; trace this module again")
     by_name = {n.name: n for n in gm.graph.nodes}
@@ -306,7 +306,7 @@ class _RerunBatchNorm:
 _PLAIN_FX_OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
-def _generated(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object] | None = None) -> fx.GraphModule:
+def generated_module(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object] | None = None) -> fx.GraphModule:
     """``graph`` (whose modules and attributes are ``gm``'s, or ``own``'s where a target is one of its keys)
     as generated code that reaches each module and attribute it uses as one attribute of its own, under a
     flat name. Why: fx's code reaches a submodule by its path (``getattr(getattr(self.features, "1").conv,
@@ -319,7 +319,7 @@ def _generated(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object] | Non
             target = str(n.target)
             if target not in flat:
                 name = flat[target] = f"{target.replace('.', '_')}_{len(flat)}"
-                root[name] = own[target] if own is not None and target in own else _fetch_attr(gm, target)
+                root[name] = own[target] if own is not None and target in own else fetch_attr(gm, target)
             n.target = flat[target]
     return fx.GraphModule(root, graph)
 
@@ -343,10 +343,10 @@ def _compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: t
     other in one process)."""
     if not members or any(m.op not in _PLAIN_FX_OPS for m in members):
         return None
-    return _group_function(gm, members, external, rerun)
+    return group_function(gm, members, external, rerun)
 
 
-def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str], rerun: bool = False) -> _CompiledGroup:
+def group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Sequence[str], rerun: bool = False) -> _CompiledGroup:
     """``members`` as one generated function of the fx nodes they read from outside, returning the values
     of ``external`` (whatever the group's size: :func:`_compile_group` decides when it is worth it). A
     rerun's (``rerun``) calls each BatchNorm module that :meth:`_RerunBatchNorm.applies` to through a stand-in."""
@@ -365,7 +365,7 @@ def _group_function(gm: fx.GraphModule, members: Sequence[fx.Node], external: Se
             env[m] = sub.node_copy(m, lambda n: env[n])
     by_name = {m.name: env[m] for m in members}
     sub.output(tuple(by_name[name] for name in external))
-    return _CompiledGroup(tuple(deps.values()), _generated(gm, sub, stand_ins).forward, frozenset(replaced))
+    return _CompiledGroup(tuple(deps.values()), generated_module(gm, sub, stand_ins).forward, frozenset(replaced))
 
 
 def _stands_in(gm: fx.GraphModule, m: fx.Node) -> bool:
@@ -735,7 +735,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> _Segment:
         elif j in ex._hook_at:
             sub.call_method("_hook_backward", (run, i, external, owned))  # (a lean node's deferred: _finish_owned)
     sub.output(tuple(env[m] for m in members if m.name in outputs))
-    module = _generated(ex.gm, sub)
+    module = generated_module(ex.gm, sub)
     return _Segment(
         start=start,
         end=end,
@@ -849,7 +849,7 @@ def _graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
                 module = ex.modules[m.target]
                 found += [*module.parameters(), *module.buffers()]
             elif m.op == "get_attr":
-                value = _fetch_attr(ex.gm, str(m.target))
+                value = fetch_attr(ex.gm, str(m.target))
                 if isinstance(value, torch.Tensor):
                     found.append(value)
         return {id(t) for t in found}
@@ -910,13 +910,13 @@ class _GraphlessRun(torch.autograd.Function):
         return (None, None, None, *(d.grad if own and isinstance(d, torch.Tensor) else None for d, own in zip(inputs, detached, strict=True)))
 
 
-def _detached(value: object) -> object:
+def detached_aliases(value: object) -> object:
     """Detached aliases of the tensors in ``value``, requiring grad where the originals did, so that a
     rerun saves the same tensors for backward as the first run did."""
     if isinstance(value, torch.Tensor):
         return value.detach().requires_grad_(value.requires_grad)
     if isinstance(value, (tuple, list)):
-        return type(value)(_detached(v) for v in value)
+        return type(value)(detached_aliases(v) for v in value)
     return value
 
 
@@ -942,7 +942,7 @@ def _key(storage: torch.UntypedStorage) -> int:
 
 def _storages(values: Iterable[object]) -> list[torch.UntypedStorage]:
     """The storage of each tensor in ``values``, in order."""
-    return [t.untyped_storage() for value in values for t in _tensors(value)]
+    return [t.untyped_storage() for value in values for t in tensors_in(value)]
 
 
 @dataclass(eq=False, slots=True)
@@ -1119,7 +1119,7 @@ class ScheduleExecutor:
         self.durable = durable
         self.strict = strict
         self.gm = fx.symbolic_trace(module)
-        self.binding = _bind(graph, self.gm)
+        self.binding = bind_graph(graph, self.gm)
         self.modules = dict(self.gm.named_modules())
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.constants = [*module.parameters(), *module.buffers()]  # (their storages are looked up per step)
@@ -1135,7 +1135,7 @@ class ScheduleExecutor:
         self._tensor_valued: dict[int, bool] = {}
         self.placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         # each input node's fx names and the positions of the caller's inputs they take (a traced graph's
-        # input nodes are one placeholder each: poetlab.trace)
+        # input nodes are one placeholder each: poetlab.torch.trace)
         self._batch_of: dict[int, tuple[tuple[str, int], ...]] = {}
         for i in self.binding.inputs:
             members = self.binding.members[i]
@@ -1537,7 +1537,7 @@ class _Run:
         if self._constant_keys is None:
             met = self.ex._constants_met
             constants = self.ex.constants if met is None else met
-            self._constant_keys = {_key(t.untyped_storage()) for t in [*constants, *_tensors(self.targets)]}
+            self._constant_keys = {_key(t.untyped_storage()) for t in [*constants, *tensors_in(self.targets)]}
             self._constant_keys |= self.batch_keys
         return self._constant_keys
 
@@ -1994,7 +1994,7 @@ class _Run:
             value = self.values.get(dep.name, _MISSING)
             if value is _MISSING:  # (an unmanaged node's value goes at its free: the schedule freed it)
                 raise ExecutionError(f"{reader} reads {self.ex.graph.nodes[group].name}, which the schedule does not hold in RAM (freed); replay the schedule with poetlab.simulate")
-            return _detached(value) if detach else value
+            return detached_aliases(value) if detach else value
         if dep.name not in self.constants:  # get_attr, or a node computing no tensor (a size, ...)
             self.constants[dep.name] = self._run_fx(dep, lambda d: self._resolve(d, local, detach, reader))
         return self.constants[dep.name]
@@ -2010,7 +2010,7 @@ class _Run:
             obj, *rest = args
             return getattr(obj, n.target)(*rest, **kwargs)
         if n.op == "get_attr":
-            return _fetch_attr(self.ex.gm, str(n.target))
+            return fetch_attr(self.ex.gm, str(n.target))
         if n.op == "placeholder":
             return self.inputs[self.ex.placeholders.index(n)]
         raise ExecutionError(f"cannot run fx node {n.name} ({n.op})")
@@ -2180,7 +2180,7 @@ class _Run:
         for (from_pack, index, k), source in zip(self.ex._owned_places[i], self.ex._owned_sources[i], strict=True):
             t = packs[index] if from_pack else external[index]
             if not isinstance(t, torch.Tensor):
-                t = _tensors(t)[k]
+                t = tensors_in(t)[k]
             storage = t.untyped_storage()  # type: ignore[union-attr]
             owned.append(_Storage(storage, storage.nbytes(), i, source))
         return tuple(owned)
@@ -2229,7 +2229,7 @@ class _Run:
         else:
             if not managed:
                 self.viewing.add(i)
-            candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(_tensors(value))]
+            candidates = [(t, ("value", name, k)) for name, value in values.items() for k, t in enumerate(tensors_in(value))]
             candidates += [(t, ("pack", position)) for position, t in (pending if packs is None else enumerate(packs))]
             held: dict[int, _Storage] = {}
             own_only = managed
@@ -2318,7 +2318,7 @@ class _Run:
             return
         if not self.ex._learnt and isinstance(value, list):
             self.ex._tensor_valued[i] = all(isinstance(v, torch.Tensor) for v in value)
-        self.pending_hooks.append((j, tuple(t.grad_fn for t in _tensors(value))))
+        self.pending_hooks.append((j, tuple(t.grad_fn for t in tensors_in(value))))
         if not defer:
             self._hook_pending()
 
@@ -2370,7 +2370,7 @@ class _Run:
         start = time.thread_time()
         grad_was = torch.is_grad_enabled()  # (off in the backward pass)
         if not graphless:
-            _push_saved_hooks(recorded.append, _never_unpacked)
+            _push_saved_hooks(recorded.append, never_unpacked)
         try:
             torch._C._set_grad_enabled(True)  # (torch.enable_grad's own call, without its two Python calls)
             if graphless:  # (its graph is kept: autograd runs it backward, _GraphlessRun.backward)
@@ -2405,7 +2405,7 @@ class _Run:
                 storage, nbytes, where = record.storage, record.nbytes, record.source
                 if storage.nbytes() == nbytes:
                     continue  # still held by a view that stayed in RAM
-                source = (recorded[where[1]] if where[0] == "pack" else _tensors(values[where[1]])[where[2]]).untyped_storage()
+                source = (recorded[where[1]] if where[0] == "pack" else tensors_in(values[where[1]])[where[2]]).untyped_storage()
                 if source.nbytes() != nbytes:
                     raise ExecutionError(f"recomputing {self.ex.graph.nodes[i].name} gave {source.nbytes()} bytes where its first run gave {nbytes}")
                 storage._swap_data_ptr_(source)  # the fresh bytes move in: no copy, no second buffer
@@ -2471,7 +2471,7 @@ def _copy_buffers(destinations: list[torch.Tensor], sources: list[torch.Tensor])
         torch._C._set_grad_enabled(grad_was)
 
 
-def _never_unpacked(_: None) -> None:
+def never_unpacked(_: None) -> None:
     raise ExecutionError("a recompute's autograd graph was run backward; the executor never does that")
 
 
@@ -2555,7 +2555,7 @@ def execute(
 ) -> ExecutionResult:
     """Run one training step of ``module`` on ``batch = (inputs, targets)`` as ``schedule`` says.
 
-    ``graph`` is the :func:`poetlab.trace` graph the schedule was planned on; gradients are added to the
+    ``graph`` is the :func:`poetlab.torch.trace` graph the schedule was planned on; gradients are added to the
     parameters' ``.grad`` exactly as ``loss_fn(module(inputs), targets).backward()`` would. With
     ``costs``, the result carries the simulator's prediction for the same schedule.
     """

@@ -1,7 +1,7 @@
 """Training under a schedule for many steps, side by side with plain PyTorch, and the digits run.
 
 :func:`compare_training` trains two copies of one model from the same weights and RNG state on the same
-batches: one with plain ``loss.backward()``, one with :class:`~poetlab.execute.ScheduleExecutor` (the
+batches: one with plain ``loss.backward()``, one with :class:`~poetlab.torch.execute.ScheduleExecutor` (the
 schedule's recomputes and page-outs really happen), each followed by the same optimizer step. With
 deterministic algorithms the two loss curves must be identical bit for bit, since a schedule changes
 where tensors live, never the arithmetic. It runs twice: once timed (no profiler), once with the
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from poetlab.allocations import measure_allocations
-from poetlab.execute import ScheduleExecutor
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import Schedule
+from poetlab.torch.allocations import measure_allocations
+from poetlab.torch.execute import ScheduleExecutor
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import Schedule
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

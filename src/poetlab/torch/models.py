@@ -1,6 +1,6 @@
 """Real PyTorch models for tracing, profiling and executing schedules (no torchvision, no downloads).
 
-The paper-faithful models of :mod:`poetlab.paper_models` are layer lists with the release's flop
+The paper-faithful models of :mod:`poetlab.core.paper_models` are layer lists with the release's flop
 formulas; these are ``nn.Module`` s that run for real. Each is defined here in a few lines, because
 torchvision does not import beside the pinned CPU torch and nothing may be downloaded at run time:
 
@@ -15,7 +15,7 @@ torchvision does not import beside the pinned CPU torch and nothing may be downl
 
 Weights are random and seeded: a model built twice with the same seed is identical, parameter for
 parameter. :func:`build_torch_model` returns the module with an example batch and the loss, everything
-:func:`poetlab.trace` and :func:`poetlab.execute` need.
+:func:`poetlab.torch.trace` and :func:`poetlab.torch.execute` need.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ class MobileNetV2(nn.Module):
 
 class ConvChain(nn.Module):
     """(3x3 convolution -> ReLU) x ``depth`` on ``channels`` x ``side`` x ``side``, flattened into a linear
-    classifier: the real counterpart of :func:`poetlab.paper_models.conv_chain_graph`, small enough for
+    classifier: the real counterpart of :func:`poetlab.core.paper_models.conv_chain_graph`, small enough for
     MILPs that solve in seconds (the techniques frontier). Not in the registry (no fixed size)."""
 
     def __init__(self, channels: int = 8, side: int = 8, depth: int = 3, num_classes: int = 4):

@@ -51,7 +51,7 @@ class PageStore:
 
     Counts ``bytes_written`` and ``bytes_read``; ``close()`` removes every file and the directory.
     ``durable`` (the default) syncs each page-out to the disk and drops it from the page cache, as
-    :mod:`poetlab.profile` does when it measures paging, so that a page-in really reads the disk and the
+    :mod:`poetlab.torch.profile` does when it measures paging, so that a page-in really reads the disk and the
     measured time matches the profiled one; without it, page-ins are served from the page cache.
     """
 

@@ -2,7 +2,7 @@
 
 The paper platforms are coefficient files; ``host`` is whatever machine this runs on, so it is measured:
 
-- **Nodes**: each node of a traced training graph (:mod:`poetlab.trace`) runs alone on its recorded
+- **Nodes**: each node of a traced training graph (:mod:`poetlab.torch.trace`) runs alone on its recorded
   inputs: a forward node's forward, a backward node's backward (its forward rerun untimed before each
   repeat), ``warmup`` runs then the median of ``repeats``, with torch's intra-op threads pinned to
   ``threads`` (recorded). With one thread the clock is the thread's CPU time (``clock: cpu``): on a
@@ -11,10 +11,10 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   so that the sum of node times can be checked against it (``step_runtime_s``). Each forward node is
   also timed rerun where a schedule reruns it, in the middle of the backward pass of a whole step, as the
   executor reruns it (grad on, what autograd saves collected; ``rerun_s``): the cost model prices
-  recomputes by it (:meth:`poetlab.costs.CostModel.from_profile`).
+  recomputes by it (:meth:`poetlab.core.costs.CostModel.from_profile`).
 - **Flop rate**: a float32 matmul benchmark, so that a graph without per-node timings (a paper model, or
   another traced model) can still be costed on the host by its flops.
-- **Paging**: page-outs and page-ins of the executor's own :class:`~poetlab.paging.PageStore`, in a
+- **Paging**: page-outs and page-ins of the executor's own :class:`~poetlab.torch.paging.PageStore`, in a
   private directory under ``paging_dir``: ``write`` + ``fsync`` of the page's file with its cached pages
   then dropped (``posix_fadvise(DONTNEED)``), and a read of it back from the disk (``cache_bypass`` says
   how the page cache was kept out). The very code a schedule's paging runs, so that the prediction prices
@@ -29,7 +29,7 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
 
 The profile is one JSON file (written atomically) with the machine's description (CPU model, cores,
 torch version and threads, date) beside the numbers; :meth:`HostProfile.platform` turns it into a
-:class:`~poetlab.platforms.Platform` and :meth:`poetlab.costs.CostModel.from_profile` into per-node costs.
+:class:`~poetlab.core.platforms.Platform` and :meth:`poetlab.core.costs.CostModel.from_profile` into per-node costs.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from poetlab._io import read_text_or_raise, write_text_atomic
+from poetlab.core.files import read_text_or_raise, write_text_atomic
+from poetlab.core.data import data_dir
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
-from poetlab.paging import PageStore, PagingError
-from poetlab.platforms import Platform
+from poetlab.torch.paging import PageStore, PagingError
+from poetlab.core.platforms import Platform
 
 log = logging.getLogger("poetlab.profile")
 
@@ -108,7 +109,7 @@ class MachineInfo:
 
 @dataclass(frozen=True)
 class DiskProfile:
-    """Page-out (write + fsync) and page-in (uncached read) of a real file by :class:`~poetlab.paging.PageStore`,
+    """Page-out (write + fsync) and page-in (uncached read) of a real file by :class:`~poetlab.torch.paging.PageStore`,
     fitted as latency + size/throughput."""
 
     directory: str
@@ -197,7 +198,7 @@ class HostProfile:
         compute = f"profiled: float32 matmul benchmark by `poetlab profile` on {where}"
         paging = f"profiled: write + fsync, reads with {self.disk.cache_bypass}, least-squares fit over sizes, in {self.disk.directory}"
         power = (
-            f"modeled (RAPL unreadable): compute {self.compute_power_w:g} W, paging {self.disk.power_w:g} W (poetlab.profile's power model)"
+            f"modeled (RAPL unreadable): compute {self.compute_power_w:g} W, paging {self.disk.power_w:g} W (poetlab.torch.profile's power model)"
             if self.energy_modeled else f"profiled: RAPL package energy counters on {where}"
         )
         paging_keys = ("pagein_latency_s", "pagein_throughput_bytes_per_s", "pageout_latency_s", "pageout_throughput_bytes_per_s")
@@ -325,7 +326,7 @@ class Rapl:
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
-def _median_time(
+def median_time(
     run: Callable[[object], None], repeats: int, warmup: int, prepare: Callable[[], object] | None = None, clock: str = "wall"
 ) -> tuple[float, tuple[float, ...]]:
     """Median time of ``run(prepared)`` on ``clock`` over ``repeats`` after ``warmup`` untimed calls."""
@@ -344,7 +345,7 @@ def _median_time(
 def matmul_flops_per_s(threads: int, side: int = 512, repeats: int = 5, clock: str = "wall") -> float:
     """float32 matmul rate (2 n^3 flops per product) with the current torch threads (``threads``, recorded)."""
     a, b = torch.randn(side, side), torch.randn(side, side)
-    seconds, _ = _median_time(lambda _: torch.mm(a, b), repeats, 2, clock=clock)
+    seconds, _ = median_time(lambda _: torch.mm(a, b), repeats, 2, clock=clock)
     return 2.0 * side**3 / seconds
 
 
@@ -457,15 +458,15 @@ def profile_model(
     step's runtime. Leaves the module's parameters, buffers and gradients as they were."""
     from tqdm.auto import tqdm
 
-    from poetlab.trace import _restore_state, _trace
+    from poetlab.torch.trace import restored_state, trace_step
 
-    traced = _trace(module, example_inputs, loss_fn, targets, fuse=fuse, name=name)
+    traced = trace_step(module, example_inputs, loss_fn, targets, fuse=fuse, name=name)
     graph = traced.graph
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     grads = {p: p.grad for p in module.parameters()}
     timings = []
     try:
-        with _restore_state(module):
+        with restored_state(module):
             for index in tqdm(range(graph.n_nodes), desc=f"profiling {name}", disable=not progress, leave=False):
                 node = graph.nodes[index]
                 if node.kind == "input":
@@ -474,9 +475,9 @@ def profile_model(
                 probe = traced.node_probe(index)
                 start = rapl.read_uj() if rapl else None
                 if node.is_backward:
-                    seconds, samples = _median_time(probe.run_backward, repeats, warmup, prepare=probe.forward, clock=clock)
+                    seconds, samples = median_time(probe.run_backward, repeats, warmup, prepare=probe.forward, clock=clock)
                 else:
-                    seconds, samples = _median_time(lambda _: probe.forward(), repeats, warmup, clock=clock)
+                    seconds, samples = median_time(lambda _: probe.forward(), repeats, warmup, clock=clock)
                 energy = rapl.joules_since(start) / (repeats + warmup) if rapl else seconds * compute_power_w
                 timings.append(NodeTiming(node.name, seconds, energy, samples))
 
@@ -512,8 +513,8 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     """Per forward node (not an input, not the loss): the times of its rerun as the executor reruns it, in
     the middle of a backward pass: from a pre-hook on the autograd node of its output, i.e. just before
     autograd computes its gradient, where a checkpointing schedule reruns it, its fx nodes as generated code
-    (``poetlab.execute._group_function``, a rerun's: BatchNorm through its stand-in) on detached aliases of the step's own inputs of it, with grad on and
-    what autograd saves collected by a ``list.append`` pack hook (``poetlab.execute._Run._recompute``). Each
+    (``poetlab.torch.execute.group_function``, a rerun's: BatchNorm through its stand-in) on detached aliases of the step's own inputs of it, with grad on and
+    what autograd saves collected by a ``list.append`` pack hook (``poetlab.torch.execute._Run._recompute``). Each
     step reruns every ``stride``-th node, in turn; ``(warmup + repeats) * stride`` whole steps (the model as
     its fx trace's generated code, which also returns every node's inputs), the first ``warmup * stride``
     dropped: each node has ``repeats`` samples.
@@ -528,29 +529,29 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     +24%). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
     from torch import fx
 
-    from poetlab.execute import _bind, _detached, _generated, _group_function, _never_unpacked
-    from poetlab.trace import _tensors
+    from poetlab.torch.execute import bind_graph, detached_aliases, generated_module, group_function, never_unpacked
+    from poetlab.torch.trace import tensors_in
 
     graph = traced.graph
     gm = traced.gm
-    binding = _bind(graph, gm)
+    binding = bind_graph(graph, gm)
     forward = [k for k, node in enumerate(graph.nodes) if not node.is_backward and node.kind not in ("input", "loss")]
-    reruns = {k: _group_function(gm, binding.members[k], (binding.members[k][-1].name,), rerun=True) for k in forward}
+    reruns = {k: group_function(gm, binding.members[k], (binding.members[k][-1].name,), rerun=True) for k in forward}
     needed = list(dict.fromkeys([d for k in forward for d in reruns[k].deps] + [binding.members[k][-1] for k in forward]))
     copied = fx.Graph()
     mapping: dict[fx.Node, fx.Node] = {}
     copied.output((copied.graph_copy(gm.graph, mapping), tuple(mapping[n] for n in needed)))
-    step = _generated(gm, copied)
+    step = generated_module(gm, copied)
     names = [n.name for n in needed]
     now = CLOCKS[clock]
     samples: dict[int, list[float]] = {k: [] for k in forward}
 
     def rerun(nodes: list[int], values: dict[str, object], keep: bool) -> None:
         for k in nodes:
-            args = [_detached(values[d.name]) for d in reruns[k].deps]
+            args = [detached_aliases(values[d.name]) for d in reruns[k].deps]
             saved: list[torch.Tensor] = []
             start = now()
-            with torch.autograd.graph.saved_tensors_hooks(saved.append, _never_unpacked), torch.enable_grad():
+            with torch.autograd.graph.saved_tensors_hooks(saved.append, never_unpacked), torch.enable_grad():
                 reruns[k].run(*args)
             if keep:
                 samples[k].append(now() - start)
@@ -564,7 +565,7 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
         del out
         by_fn: dict[object, list[int]] = {}
         for k in forward[s % stride::stride]:
-            fn = next((t.grad_fn for t in _tensors(values[binding.members[k][-1].name]) if t.grad_fn is not None), None)
+            fn = next((t.grad_fn for t in tensors_in(values[binding.members[k][-1].name]) if t.grad_fn is not None), None)
             if fn is not None:
                 by_fn.setdefault(fn, []).append(k)
         for fn, nodes in by_fn.items():
@@ -581,8 +582,8 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
 
 
 def default_profile_dir() -> Path:
-    """Where host profiles are kept: the checkout's ``data/profiles``."""
-    return Path(__file__).resolve().parents[2] / "data" / "profiles"
+    """Where host profiles are kept: ``profiles/`` of :func:`~poetlab.core.data.data_dir`."""
+    return data_dir() / "profiles"
 
 
 def default_profile_path(model: str | None, fuse: bool = False) -> Path:
@@ -624,7 +625,7 @@ def profile_host(
     clock: str | None = None,
 ) -> HostProfile:
     """Profile this machine: disk, matmul rate, power, and (with ``model``, a name of
-    :data:`poetlab.torch_models.TORCH_MODELS`) that model's traced nodes. ``clock`` (see :data:`CLOCKS`)
+    :data:`poetlab.torch.models.TORCH_MODELS`) that model's traced nodes. ``clock`` (see :data:`CLOCKS`)
     defaults to ``cpu`` with one thread and ``wall`` with more; paging is always wall time."""
     if repeats < 1 or warmup < 0 or threads < 1 or disk_repeats < 1:
         raise InvalidArgumentError("repeats, threads and disk repeats must be positive and warm-up non-negative")
@@ -637,7 +638,7 @@ def profile_host(
         power = compute_power_w if compute_power_w is not None else threads * MODEL_CORE_POWER_W
         notes.append(
             f"RAPL not readable under {rapl_root}: every energy is modeled (compute {power:g} W = {threads} threads x "
-            f"{MODEL_CORE_POWER_W:g} W per core, paging {memory_power_w:g} W; see poetlab.profile)"
+            f"{MODEL_CORE_POWER_W:g} W per core, paging {memory_power_w:g} W; see poetlab.torch.profile)"
         )
     else:
         power = compute_power_w or threads * MODEL_CORE_POWER_W
@@ -648,7 +649,7 @@ def profile_host(
         flops = matmul_flops_per_s(threads, clock=clock)
         model_profile = None
         if model is not None:
-            from poetlab.torch_models import build_torch_model
+            from poetlab.torch.models import build_torch_model
 
             built = build_torch_model(model, batch_size)
             _, model_profile = profile_model(

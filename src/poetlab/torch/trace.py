@@ -1,6 +1,6 @@
-"""``poetlab.trace``: the training graph of a real ``nn.Module``, with autograd's real dependencies.
+"""``poetlab.torch.trace``: the training graph of a real ``nn.Module``, with autograd's real dependencies.
 
-The paper-faithful models (:mod:`poetlab.paper_models`) flatten the backward pass into a chain. A traced
+The paper-faithful models (:mod:`poetlab.core.paper_models`) flatten the backward pass into a chain. A traced
 model instead mirrors what autograd does, found by running one real training step:
 
 - **Forward nodes** are the nodes of ``torch.fx.symbolic_trace`` at module granularity: one per
@@ -40,7 +40,7 @@ constants, never graph tensors.
 
 **Contract with executors** (how to map every graph node back to fx; ``metadata`` keys):
 
-- ``metadata["source"] == "poetlab.trace"``; ``metadata["fx_code"]`` is the fx GraphModule's code,
+- ``metadata["source"] == "poetlab.torch.trace"``; ``metadata["fx_code"]`` is the fx GraphModule's code,
   to check that a re-trace matches (``symbolic_trace`` is deterministic for a given module class).
 - A forward node's ``name`` is the fx name of the first node of its group; ``metadata["fx_groups"]``
   maps every forward node name (inputs and loss included) to the ordered list of fx node names it
@@ -77,7 +77,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils.flop_counter import FlopCounterMode
 
 from poetlab.errors import InvalidArgumentError, PoetlabError
-from poetlab.graph import Node, TrainingGraph
+from poetlab.core.graph import Node, TrainingGraph
 
 __all__ = ["TraceError", "trace", "trace_torch_model", "FUSABLE_MODULES", "FUSABLE_FUNCTIONS", "FUSABLE_METHODS"]
 
@@ -171,7 +171,7 @@ def symbolic_trace(module: nn.Module, leaf_modules: Iterable[str | type[nn.Modul
         leaf = f"leaf_modules=('{failed[0]}',)" if failed else "leaf_modules=(...)"
         raise TraceError(
             f"torch.fx cannot trace {type(module).__name__}: {first}{at}{inside}; mark that module a leaf "
-            f"(poetlab.trace(..., {leaf})) or remove the data-dependent Python control flow"
+            f"(poetlab.torch.trace(..., {leaf})) or remove the data-dependent Python control flow"
         ) from None
     name = module.__class__.__name__
     return fx.GraphModule(tracer.root, graph, name)
@@ -180,14 +180,14 @@ def symbolic_trace(module: nn.Module, leaf_modules: Iterable[str | type[nn.Modul
 # ---- one real step, recorded -------------------------------------------------------------------
 
 
-def _tensors(value: object) -> list[torch.Tensor]:
+def tensors_in(value: object) -> list[torch.Tensor]:
     """The tensors in a value (a tensor, or a tuple/list/dict of them)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors_in(item)]
     if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
+        return [t for item in value.values() for t in tensors_in(item)]
     return []
 
 
@@ -196,7 +196,7 @@ def _key(t: torch.Tensor) -> tuple:
 
 
 def _nbytes(value: object) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
+    return sum(t.numel() * t.element_size() for t in tensors_in(value))
 
 
 @dataclass
@@ -258,7 +258,7 @@ def _fusable(n: fx.Node, modules: dict[str, nn.Module]) -> bool:
 
 
 @dataclass
-class _Traced:
+class TracedStep:
     """Everything :func:`trace` learned, kept so that the profiler can rerun single nodes."""
 
     gm: fx.GraphModule
@@ -287,7 +287,7 @@ class _Traced:
             if node.is_backward or node.kind in ("input", "loss"):
                 continue
             members = self.graph.metadata["fx_groups"][node.name]
-            chunks = [as_words(t.detach().reshape(-1)) for t in _tensors(self.record.values[members[-1]])]
+            chunks = [as_words(t.detach().reshape(-1)) for t in tensors_in(self.record.values[members[-1]])]
             chunks += [as_words(s) for s in self.internal_storages.get(node.name, [])]
             total = sum(c.numel() for c in chunks)
             if total:
@@ -295,7 +295,7 @@ class _Traced:
         return out
 
 
-def _restore_state(module: nn.Module):
+def restored_state(module: nn.Module):
     """Context manager: put back parameters, buffers and RNG state as they were."""
 
     @contextlib.contextmanager
@@ -330,12 +330,12 @@ def trace(
     ``fuse`` folds cheap element-wise nodes into their producers; ``leaf_modules`` (qualified names or
     classes) are kept as single nodes instead of being traced through.
     """
-    return _trace(module, example_inputs, loss_fn, targets, fuse=fuse, leaf_modules=leaf_modules, name=name).graph
+    return trace_step(module, example_inputs, loss_fn, targets, fuse=fuse, leaf_modules=leaf_modules, name=name).graph
 
 
 def trace_torch_model(name: str, batch_size: int = 1, *, fuse: bool = False, seed: int = 0) -> TrainingGraph:
-    """:func:`trace` of a model of :mod:`poetlab.torch_models` with its example batch."""
-    from poetlab.torch_models import build_torch_model
+    """:func:`trace` of a model of :mod:`poetlab.torch.models` with its example batch."""
+    from poetlab.torch.models import build_torch_model
 
     model = build_torch_model(name, batch_size, seed)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
@@ -343,16 +343,16 @@ def trace_torch_model(name: str, batch_size: int = 1, *, fuse: bool = False, see
     return TrainingGraph(name=graph.name, nodes=graph.nodes, metadata=metadata)
 
 
-def _trace(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_modules=(), name=None) -> _Traced:
+def trace_step(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_modules=(), name=None) -> TracedStep:
     if not isinstance(module, nn.Module):
         raise InvalidArgumentError(f"trace needs an nn.Module, got {type(module).__name__}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     gm = symbolic_trace(module, leaf_modules)
-    with _restore_state(module):
+    with restored_state(module):
         return _analyse(gm, module, inputs, loss_fn, targets, fuse, name or type(module).__name__)
 
 
-def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
+def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
     modules = dict(gm.named_modules())
     fx_nodes = list(gm.graph.nodes)
     placeholders = [n for n in fx_nodes if n.op == "placeholder"]
@@ -383,7 +383,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
     record.values[loss_name] = loss
 
     # Which fx nodes become graph nodes: those whose value holds a tensor (others are constants).
-    graph_fx = [n for n in fx_nodes if n.op in ("placeholder", "call_module", "call_function", "call_method") and _tensors(record.values[n.name])]
+    graph_fx = [n for n in fx_nodes if n.op in ("placeholder", "call_module", "call_function", "call_method") and tensors_in(record.values[n.name])]
     in_graph = {n.name for n in graph_fx}
 
     def tensor_inputs(n: fx.Node) -> list[str]:
@@ -436,15 +436,15 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
 
     # Storages that are constants of the step: parameters, buffers, targets.
     constant_ptrs = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers(), *gm.parameters(), *gm.buffers()]}
-    constant_ptrs |= {t.untyped_storage().data_ptr() for t in _tensors(targets)}
+    constant_ptrs |= {t.untyped_storage().data_ptr() for t in tensors_in(targets)}
     exact: dict[tuple, str] = {}
     storage: dict[int, str] = {}
     for n in graph_fx:
-        for t in _tensors(record.values[n.name]):
+        for t in tensors_in(record.values[n.name]):
             exact.setdefault(_key(t), n.name)
             storage.setdefault(t.untyped_storage().data_ptr(), n.name)
 
-    tail_ptrs = {g: {t.untyped_storage().data_ptr() for t in _tensors(record.values[tail[g]])} for g in order}
+    tail_ptrs = {g: {t.untyped_storage().data_ptr() for t in tensors_in(record.values[tail[g]])} for g in order}
 
     # Saved tensors per group: the groups producing them, and the internal bytes they add.
     saved_from: dict[str, set[str]] = {g: set() for g in order}
@@ -480,7 +480,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
             saved_from[owner].add(g)
 
     # Which groups need a backward node: output requires grad and a path to the loss.
-    requires = {g: any(t.requires_grad for t in _tensors(record.values[tail[g]])) for g in order}
+    requires = {g: any(t.requires_grad for t in tensors_in(record.values[tail[g]])) for g in order}
     consumers: dict[str, list[str]] = {g: list(dict.fromkeys(group_of.get(u, u) for u in users[tail[g]])) for g in order}
     has_backward: dict[str, bool] = {loss_name: True}
     for g in reversed(order):
@@ -535,7 +535,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
             output_shape=shapes[0] if len(shapes) == 1 else (), output_bytes=grad_bytes, flop=0.0, is_backward=True,
         ))
     metadata: dict[str, object] = {
-        "source": "poetlab.trace",
+        "source": "poetlab.torch.trace",
         "module": type(module).__name__,
         "fused": bool(fuse),
         "loss_node": loss_name,
@@ -550,7 +550,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> _Traced:
         "torch_version": torch.__version__,
         "gradients_in_engine": True,  # backward nodes' outputs live in autograd's engine: TrainingGraph.pinned
     }
-    traced = _Traced(
+    traced = TracedStep(
         gm, TrainingGraph(name, tuple(nodes), metadata), groups, record, loss_fn, targets, loss_name, output_node.args[0],
         {g: list(found.values()) for g, found in internal_storage.items()},
     )
@@ -573,7 +573,7 @@ def _replace(node: Node, **changes) -> Node:
 
 
 def _shape(value: object) -> tuple[int, ...]:
-    tensors = _tensors(value)
+    tensors = tensors_in(value)
     return tuple(tensors[0].shape) if len(tensors) == 1 else ()
 
 
@@ -586,20 +586,20 @@ def _group_params(gm: fx.GraphModule, members: list[fx.Node], modules: dict[str,
                 found.setdefault(id(p), p)
         for dep in n.all_input_nodes:
             if dep.op == "get_attr":
-                value = _fetch_attr(gm, dep.target)
+                value = fetch_attr(gm, dep.target)
                 if isinstance(value, nn.Parameter):
                     found.setdefault(id(value), value)
     return list(found.values())
 
 
-def _fetch_attr(gm: fx.GraphModule, target: str):
+def fetch_attr(gm: fx.GraphModule, target: str):
     value = gm
     for part in target.split("."):
         value = getattr(value, part)
     return value
 
 
-# ---- running one node alone (flops here, timings in poetlab.profile) ---------------------------
+# ---- running one node alone (flops here, timings in poetlab.torch.profile) ---------------------------
 
 
 @dataclass
@@ -617,7 +617,7 @@ class NodeProbe:
     is_backward: bool
 
     def run_backward(self, output: object) -> None:
-        outs = [t for t in _tensors(output) if t.requires_grad]
+        outs = [t for t in tensors_in(output) if t.requires_grad]
         targets = [t for t in self.grad_targets() if t.requires_grad]
         if not outs or not targets:
             return
@@ -625,7 +625,7 @@ class NodeProbe:
         torch.autograd.grad(outs, targets, grads, allow_unused=True)
 
 
-def _probe(traced: _Traced, index: int) -> NodeProbe:
+def _probe(traced: TracedStep, index: int) -> NodeProbe:
     graph = traced.graph
     node = graph.nodes[index]
     meta = graph.metadata
@@ -667,7 +667,7 @@ def _probe(traced: _Traced, index: int) -> NodeProbe:
             for m in members:
                 for dep in m.all_input_nodes:
                     if dep not in env and dep.name not in member_names:
-                        env[dep] = fresh(values[dep.name]) if dep.op != "get_attr" else _fetch_attr(gm, dep.target)
+                        env[dep] = fresh(values[dep.name]) if dep.op != "get_attr" else fetch_attr(gm, dep.target)
             interpreter.env = env
             out = None
             for m in members:
@@ -677,7 +677,7 @@ def _probe(traced: _Traced, index: int) -> NodeProbe:
     return NodeProbe(forward=forward, grad_targets=lambda: [*leaves, *params], is_backward=node.is_backward)
 
 
-def _node_flops(traced: _Traced, index: int) -> tuple[int, int]:
+def _node_flops(traced: TracedStep, index: int) -> tuple[int, int]:
     """(forward, backward) flops of forward node ``index`` run alone; (0, 0) for a backward node."""
     node = traced.graph.nodes[index]
     if node.is_backward or node.kind == "input":
@@ -695,7 +695,7 @@ def whole_step_flops(module: nn.Module, example_inputs, loss_fn, targets=None) -
     """(forward incl. loss, backward) flops of one plain training step, by FlopCounterMode: the
     reference that a traced graph's node flops must add up to."""
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    with _restore_state(module):
+    with restored_state(module):
         with FlopCounterMode(display=False) as counter:
             out = module(*inputs)
             loss = loss_fn(out) if targets is None else loss_fn(out, targets)
@@ -706,10 +706,10 @@ def whole_step_flops(module: nn.Module, example_inputs, loss_fn, targets=None) -
 
 
 class _CallableModule(types.ModuleType):
-    """``poetlab.trace`` names both this module and its main function. ``poetlab`` exports the function
+    """``poetlab.torch.trace`` names both this module and its main function. ``poetlab`` exports the function
     lazily (so that ``import poetlab`` does not import torch), and importing this module binds the
     package's attribute ``trace`` to the module instead; calling the module calls :func:`trace`, so
-    ``poetlab.trace(...)`` works whichever got there first."""
+    ``poetlab.torch.trace(...)`` works whichever got there first."""
 
     def __call__(self, *args, **kwargs) -> TrainingGraph:
         return trace(*args, **kwargs)

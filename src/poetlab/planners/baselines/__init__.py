@@ -2,7 +2,7 @@
 
 Each method is a function ``plan(graph, costs, budgets, options) -> Schedule`` in a module of its own, which
 raises :class:`CannotMeetBudget` with a one-line reason when the method has no schedule for the budget.
-:func:`run_baseline` replays every schedule with :func:`~poetlab.schedule.simulate` under the same
+:func:`run_baseline` replays every schedule with :func:`~poetlab.core.schedule.simulate` under the same
 budgets as POET's, so a method never gets a looser accounting than the MILP: a schedule over the budget
 is reported as such, with the reason, never as a result.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 from types import MappingProxyType
 
-from poetlab.baselines import capuchin, chen, checkpoint_all, dtr, milp_variants, pofo, revolve
-from poetlab.baselines.base import BaselineResult, Budgets, CannotMeetBudget, Planner, PlanOptions
-from poetlab.costs import CostModel
+from poetlab.planners.baselines import capuchin, chen, checkpoint_all, dtr, milp_variants, pofo, revolve
+from poetlab.planners.baselines.base import BaselineResult, Budgets, CannotMeetBudget, Planner, PlanOptions
+from poetlab.core.costs import CostModel
 from poetlab.errors import UnknownNameError
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import InvalidScheduleError, simulate
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import InvalidScheduleError, simulate
 
 BASELINES: MappingProxyType[str, Planner] = MappingProxyType(
     {

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from poetlab.costs import CostModel
+from poetlab.core.costs import CostModel
 from poetlab.errors import PoetlabError
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 
 
 @dataclass(frozen=True)

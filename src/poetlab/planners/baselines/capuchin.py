@@ -14,7 +14,7 @@ from resident ancestors included) and compare its recomputation time with the sm
 (-FT) of a swap candidate; do whichever costs less time.
 
 What is reproduced: the profiled access pattern (checkpoint-all's order, which is the execution order
-of a training step that keeps everything, timed with :class:`~poetlab.costs.CostModel` runtimes), idle
+of a training step that keeps everything, timed with :class:`~poetlab.core.costs.CostModel` runtimes), idle
 intervals per tensor, FT and the in-trigger computed from those times, the swap-first / MSPS hybrid
 rule, on-demand recomputation that regenerates each missing tensor by its own policy (a swapped tensor
 is paged in, any other recomputed, recursively), and greedy application at the current peak until it
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import Op, OpKind, Schedule, simulate
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import Op, OpKind, Schedule, simulate
 
 METHOD = "capuchin"
 

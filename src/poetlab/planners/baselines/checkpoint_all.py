@@ -6,11 +6,11 @@ and of the POET paper, whose energy is one plain training step's.
 
 from __future__ import annotations
 
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import Schedule, checkpoint_all_schedule
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import Schedule, checkpoint_all_schedule
 
-from poetlab.baselines.base import Budgets, PlanOptions
+from poetlab.planners.baselines.base import Budgets, PlanOptions
 
 
 def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:

@@ -20,11 +20,11 @@ import math
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.heuristics import minimal_recompute
-from poetlab.schedule import InvalidScheduleError, Schedule, simulate
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.heuristics import minimal_recompute
+from poetlab.core.schedule import InvalidScheduleError, Schedule, simulate
 
 
 def articulation_points(graph: TrainingGraph) -> list[int]:

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.poet_solver import min_footprint_bytes
-from poetlab.schedule import Op, OpKind, Schedule
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions, within_budgets
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import Op, OpKind, Schedule
 
 METHOD = "dtr"
 H_DTR = "h_dtr"

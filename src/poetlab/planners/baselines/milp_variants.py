@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.poet_solver import SolveResult, solve
-from poetlab.schedule import Schedule
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.solver import SolveResult, solve
+from poetlab.core.schedule import Schedule
 
 MILP_VARIANTS: MappingProxyType[str, MappingProxyType[str, bool]] = MappingProxyType(
     {

@@ -15,7 +15,7 @@ is exact, unless the tables would then exceed ``MAX_CELLS``, when slots are coar
 rounded up (safe, possibly above the optimum); and a runtime budget is met by a Lagrangian sweep
 (recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
 that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
-:func:`~poetlab.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
+:func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
 transfers (bandwidth, the memory an offload holds until it completes), which neither the simulator nor
 the MILP charges.
 
@@ -36,7 +36,7 @@ until their left part is reversed, as in the paper), page out a tensor recompute
 stage later (POFO pages only states resident at a stage start), page or recompute any activation rather
 than only the states of its recursion, and, on branchy graphs, schedule inside a block.
 
-Branchy graphs (ResNets, BERT) are linearised as in :mod:`poetlab.baselines.revolve`: the states are
+Branchy graphs (ResNets, BERT) are linearised as in :mod:`poetlab.planners.baselines.revolve`: the states are
 the articulation points of the forward graph that no edge jumps over, the nodes between two of them
 are one step, advanced as a whole and recomputed as a whole (or kept as its tape) for its backward
 nodes. A graph that is not such a chain of blocks raises :class:`CannotMeetBudget`.
@@ -51,8 +51,8 @@ from functools import reduce
 
 import numpy as np
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.baselines.revolve import (
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.planners.baselines.revolve import (
     BlockChain,
     Hold,
     Reversal,
@@ -61,9 +61,9 @@ from poetlab.baselines.revolve import (
     reversal_events,
     schedule_from_events,
 )
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 
 #: Cells (pairs of states x modes x memory slots) the DP tables may hold, about 8 bytes each.
 MAX_CELLS = 6_000_000

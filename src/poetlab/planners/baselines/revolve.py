@@ -16,7 +16,7 @@ Because that node reads the step's *output* too, the taping re-execution of revo
 holding the state that the previous adjoint just consumed; so on a chain the schedule computes forward
 nodes exactly ``p(l, c) + 1`` times (the ``+ 1`` is the loss, computed by the first turn) and recomputes
 ``p(l, c) - (l - 1)`` of them, zero once ``c + 1 >= l``. The slot count is the largest whose schedule
-fits the RAM budget in :func:`~poetlab.schedule.simulate` (and the runtime budget, if any). Not
+fits the RAM budget in :func:`~poetlab.core.schedule.simulate` (and the runtime budget, if any). Not
 reproduced: revolve's own slot bookkeeping, online/multistage variants, and any cost weighting (revolve
 counts steps, so on graphs with unequal layers it minimises recomputed steps, not energy). Graphs whose
 forward pass branches (ResNets) are linearised: the articulation points of the forward graph with no
@@ -25,7 +25,7 @@ step's interior is recomputed as a whole when its adjoint runs (its "taping"), e
 which the first turn computes once; so revolve pays that re-taping even when memory is plentiful (on
 the A72, 1.33x a plain step's energy for ``resnet18_cifar`` and ``bert`` at any budget). A graph that is
 not such a chain of blocks raises :class:`CannotMeetBudget`. This module also holds that chain-of-blocks view and the conversion
-of a reversal plan to the kit's operations, which :mod:`poetlab.baselines.pofo` shares.
+of a reversal plan to the kit's operations, which :mod:`poetlab.planners.baselines.pofo` shares.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from poetlab.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.baselines.chen import articulation_points
-from poetlab.costs import CostModel
-from poetlab.graph import TrainingGraph
-from poetlab.schedule import Op, OpKind, Schedule, simulate
+from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
+from poetlab.planners.baselines.chen import articulation_points
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import Op, OpKind, Schedule, simulate
 
 
 # ---- binomial checkpointing counts ----------------------------------------------------------------

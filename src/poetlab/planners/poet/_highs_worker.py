@@ -1,4 +1,4 @@
-"""The HiGHS child process (``python -m poetlab._highs_worker``).
+"""The HiGHS child process (``python -m poetlab.planners.poet._highs_worker``).
 
 Reads one pickled request on stdin: (MilpModel, time_limit_s, mip_gap, threads, verbose, start), where
 start is a feasible solution vector (a MIP start) or None. Writes

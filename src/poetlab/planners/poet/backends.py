@@ -1,7 +1,7 @@
 """MILP backends behind one interface: HiGHS (default, always available) and Gurobi (when licensed).
 
 ``run_milp(model, solver=...)`` returns a :class:`MilpSolution` whatever the backend. HiGHS runs in a
-child process (``python -m poetlab._highs_worker``) that streams every improving solution back, and the parent kills it if it outlives its
+child process (``python -m poetlab.planners.poet._highs_worker``) that streams every improving solution back, and the parent kills it if it outlives its
 time limit: HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
 it), and a solve that must end has to be stoppable from outside. Gurobi honours its limit and runs
 in-process.
@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from poetlab.errors import InvalidArgumentError, PoetlabError
-from poetlab.milp import MilpModel
+from poetlab.planners.poet.milp import MilpModel
 
 log = logging.getLogger("poetlab.solvers")
 
@@ -156,7 +156,7 @@ def _read_messages(stream, inbox: queue.Queue) -> None:
 def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None) -> MilpSolution:
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "poetlab._highs_worker"],
+        [sys.executable, "-m", "poetlab.planners.poet._highs_worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=None if verbose else subprocess.DEVNULL,

@@ -6,11 +6,11 @@ Checkmate's frontier-advancing formulation extended with paging, as in the POET 
 out (M_OUT); FREE marks the point after which an input is no longer held, and U the RAM in use after
 each computation of a stage, bounded by the budget. The objective is energy. A compute off the
 diagonal (R[t, i], i < t) is a rerun, priced at the cost model's rerun costs (the node's own costs in
-the paper's flop model; apart on a profiled host, :class:`~poetlab.costs.CostModel`).
+the paper's flop model; apart on a profiled host, :class:`~poetlab.core.costs.CostModel`).
 
 Only variables that can be non-zero are created (nothing is computed, kept or paged ahead of its stage),
 and every constraint family is built from numpy index arrays, so building a 300-node graph takes a
-fraction of a second. The solver backends (:mod:`poetlab.solvers`) take the resulting
+fraction of a second. The solver backends (:mod:`poetlab.planners.poet.backends`) take the resulting
 :class:`MilpModel` as plain arrays.
 
 Faithful mode reproduces the release's formulation; the named options fix its quirks:
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from poetlab.costs import CostModel
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError
-from poetlab.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph
 
 
 @dataclass(frozen=True)

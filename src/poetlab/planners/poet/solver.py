@@ -9,7 +9,7 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
-   and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`) so
+   and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
    schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
    the solver's own objective is kept only to show that the two agree.
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.costs import CostModel
+from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError
-from poetlab.graph import TrainingGraph
-from poetlab.heuristics import greedy_paging_schedule, greedy_remat_schedule
-from poetlab.milp import MilpOptions, build_milp
-from poetlab.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
-from poetlab.solvers import SOLVERS, relative_gap, run_milp
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
+from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
 
 log = logging.getLogger("poetlab.poet_solver")
 
@@ -136,7 +136,7 @@ def solve(
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
-    :mod:`poetlab.milp`).
+    :mod:`poetlab.planners.poet.milp`).
 
     With both levers allowed and ``staged`` (the default), the two smaller problems (remat only, paging
     only) are solved first with a quarter of the time limit each, and the better of their schedules
@@ -316,8 +316,8 @@ def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) ->
     where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
     to improve on the best of them; the methods stay independent baselines in the comparison too."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
-    from poetlab.baselines import capuchin, dtr
-    from poetlab.baselines.base import Budgets, CannotMeetBudget
+    from poetlab.planners.baselines import capuchin, dtr
+    from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
 
     budget = options.ram_budget_bytes - (2 * graph.param_bytes if options.params_in_budget else 0)
     budgets = Budgets(budget, options.runtime_budget_factor)
