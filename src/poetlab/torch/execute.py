@@ -2159,7 +2159,7 @@ class _Run:
         it back (a Conv+BatchNorm+ReLU6 group saves 9); the group's code reads the 2 statistics BatchNorm
         saved from its autograd node instead (the rest are its fx values). Such a group run forward and
         backward alone, warm: 33 us beyond a plain pass under the hooks, 14 us with all four of its
-        tensors read from its autograd nodes (``README``: the A/B on whole steps)."""
+        tensors read from its autograd nodes (docs/benchmarks.md: the A/B on whole steps)."""
         st = self.state[i]
         st.n_packs = self.ex._hookless[i][1]
         self.n_computes += 1
