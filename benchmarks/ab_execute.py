@@ -16,10 +16,11 @@ Each step is timed from outside ``step()`` (thread CPU time, one torch thread), 
 own CPU time left out, as the hand step's is; the own time of each executor is its step less the hand
 step, over a plain step, and ``new_minus_base_s`` the median of the differences within each round.
 
-Only ``src/poetlab/execute.py`` comes from the revision (``git show``); the rest of the package is this
-tree's, so a revision whose executor needs other modules as they were then cannot be compared this way.
+Only the executor's package (``src/poetlab/torch/execute/``) comes from the revision (``git show``); the rest
+of poetlab is this tree's, so the revision must have the executor as that package, and one whose executor
+needs other modules as they were then cannot be compared this way.
 
-    PYTHONPATH=src python benchmarks/ab_execute.py --base HEAD~1 [--case mobilenetv2_torch:2:1.0,0.7,0.5] [--steps N]
+    python benchmarks/ab_execute.py --base HEAD~1 [--case mobilenetv2_torch:2:1.0,0.7,0.5] [--steps N]
 
 Writes experiments/benchmarks/ab_execute.json.
 """
@@ -70,20 +71,34 @@ def _git(*args: str) -> str:
     return done.stdout
 
 
-def load_executor(source: str, name: str) -> ModuleType:
-    """``source`` (a version of ``poetlab/execute.py``) loaded as the module ``poetlab._execute_<name>``.
+EXECUTOR = "src/poetlab/torch/execute"
+
+
+def executor_sources(revision: str | None) -> dict[str, str]:
+    """The executor package's modules at ``revision`` (None: this tree), by file name."""
+    if revision is None:
+        return {path.name: path.read_text() for path in (ROOT / EXECUTOR).glob("*.py")}
+    names = _git("ls-tree", "--name-only", f"{revision}:{EXECUTOR}").split()
+    return {name: _git("show", f"{revision}:{EXECUTOR}/{name}") for name in names if name.endswith(".py")}
+
+
+def load_executor(sources: dict[str, str], name: str) -> ModuleType:
+    """``sources`` (a version of the executor package) loaded as the package ``poetlab_execute_<name>``.
 
     Both executors compared are loaded this way, the tree's too, rather than one imported and the other
-    loaded: the imported module's step ran 100-200 us faster than the same code loaded (MobileNetV2 x2
-    at 70% and 50%, ``--base HEAD``), on these cold caches where where code and objects lie matters."""
+    loaded: an imported module runs at another speed than the same code loaded, on these cold caches
+    where code and objects lie matters."""
+    package = f"poetlab_execute_{name}"
     with tempfile.TemporaryDirectory() as directory:
-        path = Path(directory) / f"execute_{name}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"poetlab._execute_{name}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # (its dataclasses look their module up)
-        spec.loader.exec_module(module)
+        root = Path(directory) / package
+        root.mkdir()
+        for file, source in sources.items():
+            (root / file).write_text(source.replace("poetlab.torch.execute", package))
+        sys.path.insert(0, directory)
+        try:
+            module = importlib.import_module(package)
+        finally:
+            sys.path.remove(directory)
     return module
 
 
@@ -196,7 +211,7 @@ def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, frac
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="the git revision whose src/poetlab/execute.py is compared (e.g. HEAD~1)")
+    parser.add_argument("--base", required=True, help="the git revision whose executor package is compared (e.g. HEAD~1)")
     parser.add_argument("--case", dest="cases", action="append", type=_parse_case, help=f"MODEL:BATCH:F1,F2 (repeatable; default {' '.join(CASES)})")
     parser.add_argument("--steps", type=int, default=None, help="rounds timed per budget (default: 3 s of plain steps, 100 to 500)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="seconds per MILP solve")
@@ -208,9 +223,9 @@ def main() -> None:
         parser.error("--steps must be at least 1")
     cases = args.cases or [_parse_case(c) for c in CASES]
     revision = _git("rev-parse", "--verify", f"{args.base}^{{commit}}").strip()
-    tree_changed = bool(_git("status", "--porcelain", "--", "src/poetlab/execute.py").strip())
-    base = load_executor(_git("show", f"{revision}:src/poetlab/execute.py"), "base")
-    new = load_executor((ROOT / "src" / "poetlab" / "execute.py").read_text(), "new")
+    tree_changed = bool(_git("status", "--porcelain", "--", EXECUTOR).strip())
+    base = load_executor(executor_sources(revision), "base")
+    new = load_executor(executor_sources(None), "new")
     torch.set_num_threads(1)  # as profiled
     torch.use_deterministic_algorithms(True)
     retained = retain_freed_memory()
@@ -221,7 +236,7 @@ def main() -> None:
     write_json_atomic(args.out, {
         "benchmark": "ab_execute",
         "base": revision,
-        "this_tree": _git("rev-parse", "HEAD").strip() + (" with src/poetlab/execute.py changed" if tree_changed else ""),
+        "this_tree": _git("rev-parse", "HEAD").strip() + (f" with {EXECUTOR} changed" if tree_changed else ""),
         "host": {"machine": host.machine(), "python": host.python_version(), "torch": torch.__version__, "threads": 1, "cpus": os.cpu_count(), "allocator_retains_freed_memory": retained},
         "rows": rows,
     })

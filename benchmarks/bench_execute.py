@@ -92,7 +92,8 @@ from tqdm.auto import tqdm
 import poetlab
 from poetlab.core.files import write_json_atomic
 from poetlab.torch.allocations import measure_allocations
-from poetlab.torch.execute import ScheduleExecutor, bind_graph, generated_module, group_function, memory_allowance_bytes, retain_freed_memory
+from poetlab.torch.execute import ScheduleExecutor, memory_allowance_bytes, retain_freed_memory
+from poetlab.torch.execute.codegen import bind_graph, generated_module, group_function
 from poetlab.torch.paging import PageStore
 from poetlab.torch.profile import profile_host
 from poetlab.core.schedule import OpKind, Schedule, checkpoint_all_schedule, simulate

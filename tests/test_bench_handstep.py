@@ -13,7 +13,8 @@ import torch
 from torch import fx
 
 import poetlab
-from poetlab.torch.execute import ScheduleExecutor, bind_graph
+from poetlab.torch.execute import ScheduleExecutor
+from poetlab.torch.execute.codegen import bind_graph
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import build_torch_model

@@ -32,7 +32,20 @@ import torch
 from torch import nn
 
 import poetlab
-from poetlab.torch.execute import _COMPUTE, _RECOMPUTED_BATCH, ExecutionError, ScheduleExecutor, _BufferBackup, _Run, _segments, execute, memory_allowance_bytes
+from poetlab.torch.execute import ExecutionError, ScheduleExecutor, execute, memory_allowance_bytes
+from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH, segments_of
+from poetlab.torch.execute.state import BufferBackup
+from poetlab.torch.execute.step import StepRun
+
+executor_state = importlib.import_module("poetlab.torch.execute.state")
+
+
+def _patch_executor(monkeypatch, name: str, value: object) -> None:
+    """Set ``name`` in every module of the executor that binds it (each imports it by name)."""
+    for module in ("api", "codegen", "executor", "graphless", "segments", "state", "step", "step_compute", "step_records"):
+        module = importlib.import_module(f"poetlab.torch.execute.{module}")
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
 from poetlab.planners.baselines import capuchin
 from poetlab.planners.baselines.base import Budgets
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -72,7 +85,7 @@ def _traced(name: str, fuse: bool, platform: str = "a72"):
 def _alive_runs() -> int:
     """How many executed steps' states are alive, after a full collection."""
     gc.collect()
-    return sum(1 for obj in gc.get_objects() if type(obj) is _Run)
+    return sum(1 for obj in gc.get_objects() if type(obj) is StepRun)
 
 
 def _grads(module: nn.Module) -> list[torch.Tensor | None]:
@@ -82,7 +95,7 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
     """Run ``schedule`` and plain steps from the same state, three times with one executor (the second step
     runs with what the first showed to be needed: ScheduleExecutor._learn; the third may add up the last
-    run of bookkeeping the second replayed: _Tail); assert equality after each; return the last result."""
+    run of bookkeeping the second replayed: Tail); assert equality after each; return the last result."""
     loss_fn = nn.CrossEntropyLoss()
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)
@@ -175,9 +188,9 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
 
 def _sync_norms(module: nn.Module) -> nn.Module:
     """``module`` with its BatchNorm layers made ``nn.SyncBatchNorm`` (without a process group, BatchNorm's
-    computation): a class the reruns call as it is (``_RerunBatchNorm`` takes exactly BatchNorm1d/2d/3d), so
+    computation): a class the reruns call as it is (``RerunBatchNorm`` takes exactly BatchNorm1d/2d/3d), so
     that they update its running statistics a second time, as they would any module that writes its
-    buffers in its forward pass: what ``_RerunBuffers`` undoes."""
+    buffers in its forward pass: what ``RerunBuffers`` undoes."""
     return nn.SyncBatchNorm.convert_sync_batchnorm(module)
 
 
@@ -199,7 +212,7 @@ class _SharedNorm(nn.Module):
 @pytest.mark.parametrize("norm", [nn.BatchNorm2d, nn.SyncBatchNorm], ids=["BatchNorm2d", "SyncBatchNorm"])
 def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does(norm):
     """A rerun in the backward pass of a node whose BatchNorm nodes that are not rerun update too: a
-    BatchNorm runs through its stand-in, which writes none of its statistics (``_RerunBatchNorm``); a
+    BatchNorm runs through its stand-in, which writes none of its statistics (``RerunBatchNorm``); a
     SyncBatchNorm updates them a second time, and they are put back after the backward pass
     (ScheduleExecutor._rerun_buffers). Either way the running statistics are a plain step's."""
     torch.manual_seed(0)
@@ -216,7 +229,7 @@ def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
     """Reruns of modules that write their buffers (SyncBatchNorm here, which the reruns call as it is): a
     node rerun once in the backward pass, whose module no other node uses, gets the buffers' values from
     the start of the step back before the backward pass, and its rerun updates them to the same bits as
-    its first run did (one copy, no putting back: _RerunBuffers); a module that other nodes update too is
+    its first run did (one copy, no putting back: RerunBuffers); a module that other nodes update too is
     kept and put back. Either way the running statistics are a plain step's, step after step."""
     torch.manual_seed(0)
     cases = [("mobilenet", _sync_norms(MobileNetV2(10, 0.35)).train(), torch.randn(2, 3, 32, 32), torch.tensor([3, 4]), 0.6, True),
@@ -245,7 +258,7 @@ def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
 
 def test_reruns_run_batchnorm_through_a_stand_in_that_leaves_its_statistics_alone():
     """A rerun calls each BatchNorm (exactly BatchNorm's classes, without hooks of its own) through a
-    ``_RerunBatchNorm``: in training, the same batch statistics, with running statistics of its own, so the
+    ``RerunBatchNorm``: in training, the same batch statistics, with running statistics of its own, so the
     module's are written once a step, by its first run; nothing is reset or put back (no rerun buffers).
     Gradients and buffers are a plain step's in training (a stand-in that wrote the module's statistics
     would leave them updated twice) and in eval mode (the module itself runs: it writes nothing). A
@@ -302,11 +315,9 @@ def test_a_torch_without_the_private_calls_is_one_clear_error(monkeypatch):
     """The executor relies on calls of the pinned torch that are not public API (the saved-tensor hooks
     pushed without their context manager, UntypedStorage._swap_data_ptr_): another torch gets one clear
     error naming the fix when the executor is made, not an AttributeError in the middle of a step."""
-    execute_module = importlib.import_module("poetlab.torch.execute")  # (poetlab.torch.execute is also the function)
-
     module, inputs, targets, graph, costs = _traced("resnet", True)
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
-    monkeypatch.setattr(execute_module, "_push_saved_hooks", None)
+    _patch_executor(monkeypatch, "push_saved_hooks", None)
     with pytest.raises(ExecutionError, match="install the pinned torch"):
         ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
 
@@ -614,20 +625,20 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
         ptrs[k] = {r.storage.data_ptr() for r in st.owned} | {t.untyped_storage().data_ptr() for v in values for t in tensors_in(v)}
         return torch.profiler.record_function(f"poetlab-test:{k}")
 
-    real_hand_over, real_free = _Run._hand_over, _Run._free
+    real_hand_over, real_free = StepRun._hand_over, StepRun._free
 
     def hand_over(run, k):
         with note(run, k):
             real_hand_over(run, k)
 
-    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's, _advance_plan's)
+    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's, advance_plan's)
         if node_at.get(k) == run.cursor:
             with note(run, k):
                 return real_free(run, k)
         return real_free(run, k)
 
-    monkeypatch.setattr(_Run, "_hand_over", hand_over)
-    monkeypatch.setattr(_Run, "_free", free)
+    monkeypatch.setattr(StepRun, "_hand_over", hand_over)
+    monkeypatch.setattr(StepRun, "_free", free)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         executor.step(inputs, targets)
     monkeypatch.undo()
@@ -658,7 +669,7 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
 def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monkeypatch):
     """From the second step on, a node the step has no more use for (its own rerun, or a rerun that reads
-    it, was the last) is handed over to autograd, and its last free is only counted (_handovers): the
+    it, was the last) is handed over to autograd, and its last free is only counted (handovers_of): the
     pre-hooks that had only such frees to do go. Gradients stay autograd's, and the memory goes no later
     than when an executor that frees those nodes itself frees them (counted in allocations since the step
     began, from the allocator's events). Every node runs its first run with autograd's graph here: a
@@ -668,7 +679,7 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
     loss_fn = nn.CrossEntropyLoss()
     worked: list[set[int]] = []
     real_learn = ScheduleExecutor._learn
-    monkeypatch.setattr(importlib.import_module("poetlab.torch.execute"), "_graphless_nodes", lambda executor: frozenset())  # (the module: poetlab.torch.execute is also the function)
+    _patch_executor(monkeypatch, "graphless_nodes", lambda executor: frozenset())
 
     def learn(executor, run):
         worked.append(set(run.worked))
@@ -712,34 +723,34 @@ def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
     assert {"_free", *(("_finish_hookless",) if name == "mobilenet" else ("_begin_owned", "_finish_owned"))} <= set(calls)
     assert not set(calls) & {"_begin", "_finish_in_segment", "_track", "_hook_backward"}
     hooked: list[set[int]] = []
-    real_hook_pending = _Run._hook_pending
+    real_hook_pending = StepRun._hook_pending
 
     def hook_pending(run):
         hooked[-1].update(j for j, fns in run.pending_hooks if any(fn is not None for fn in fns))
         real_hook_pending(run)
 
-    monkeypatch.setattr(_Run, "_hook_pending", hook_pending)
+    monkeypatch.setattr(StepRun, "_hook_pending", hook_pending)
     advanced: list[int] = []  # (the general loop: only the end of the step's, once a step has learnt)
-    real_advance = _Run._advance
-    monkeypatch.setattr(_Run, "_advance", lambda run, stop: advanced.append(stop) or real_advance(run, stop))
+    real_advance = StepRun._advance
+    monkeypatch.setattr(StepRun, "_advance", lambda run, stop: advanced.append(stop) or real_advance(run, stop))
     for _ in range(2):
         hooked.append(set())
         executor.step(inputs, targets)
     assert hooked[0] == hooked[1] == executor._hook_at
-    # each pre-hook ran the plan made for its position (_advance_plan): one per hooked node, made once
+    # each pre-hook ran the plan made for its position (advance_plan): one per hooked node, made once
     assert {j for _, j in executor._plans} == executor._hook_at and len(executor._plans) == len(executor._hook_at)
     assert len(advanced) == 2  # (_advance_to_end's, one a step)
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
 def test_the_buffers_backup_copies_each_buffer_and_is_made_again_for_a_resized_one():
-    """_BufferBackup joins the 1-d buffers and the 0-d ones of each dtype into one tensor each, whose slices
+    """BufferBackup joins the 1-d buffers and the 0-d ones of each dtype into one tensor each, whose slices
     are the copies; others are copied one by one. A buffer given another size (``.data = ...``) makes the
     join resize its tensor: ``take`` says so, and the step makes a new backup."""
     module = nn.Sequential(nn.BatchNorm1d(3), nn.BatchNorm2d(4))
     module.register_buffer("table", torch.randn(2, 3))
     buffers = [b for b in module.buffers() if b.numel()]
-    backup = _BufferBackup(buffers)
+    backup = BufferBackup(buffers)
     assert backup.take()
     assert all(torch.equal(b, c) and b.shape == c.shape and b.dtype == c.dtype for b, c in zip(buffers, backup.copies, strict=True))
     for b in buffers:
@@ -748,7 +759,7 @@ def test_the_buffers_backup_copies_each_buffer_and_is_made_again_for_a_resized_o
     module[0].running_mean.data = torch.arange(5.0)
     with pytest.warns(UserWarning):
         assert not backup.take()
-    backup = _BufferBackup(buffers)
+    backup = BufferBackup(buffers)
     (k,) = [k for k, b in enumerate(buffers) if b is module[0].running_mean]
     assert backup.take() and torch.equal(backup.copies[k], torch.arange(5.0))
 
@@ -756,7 +767,7 @@ def test_the_buffers_backup_copies_each_buffer_and_is_made_again_for_a_resized_o
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
 def test_learnt_runs_of_bookkeeping_add_up_to_what_they_replayed(name, fuse):
     """Once learnt, the generated code's runs of bookkeeping (segments' and pre-hooks' plans) are replayed
-    event by event once and add up their sums after (_SummedReplay), setting only the states something
+    event by event once and add up their sums after (SummedReplay), setting only the states something
     reads later: not those of gradients whose every operation is bookkeeping. The counts and the planned
     peak are what the event-by-event replay gives, the simulator's (_check_step: three steps)."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
@@ -789,7 +800,7 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     code = segment.run.__self__
     # (the bookkeeping before the loss's call into the step is replayed by the code, the rest after it)
     replayed = [event for n in code.graph.nodes if n.op == "call_method" and n.target == "_replay" for event in n.args[1]]
-    assert [i for i, what in [*replayed, *segment.events] if what == _COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
+    assert [i for i, what in [*replayed, *segment.events] if what == COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
     assert [n.args[1] for n in code.graph.nodes if n.op == "call_method" and n.target == "_compute_loss"] == [executor.binding.loss]
     first_backward = next(p for p, op in enumerate(full.ops) if op.kind is OpKind.COMPUTE and graph.nodes[op.node].is_backward)
     assert executor._bookkeeping_end[first_backward] == len(full.ops)
@@ -820,7 +831,7 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypa
     loss_fn = nn.CrossEntropyLoss()
     schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "resnet" else 0.95) * _full(graph, costs))
     owned: list[dict[int, list[tuple]]] = []
-    real_go, real_finish, real_finish_owned, real_finish_hookless = _Run.go, _Run._finish, _Run._finish_owned, _Run._finish_hookless
+    real_go, real_finish, real_finish_owned, real_finish_hookless = StepRun.go, StepRun._finish, StepRun._finish_owned, StepRun._finish_hookless
 
     def go(run):
         owned.append({})
@@ -839,10 +850,10 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypa
         real_finish_hookless(run, i, found)
         owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
 
-    monkeypatch.setattr(_Run, "go", go)
-    monkeypatch.setattr(_Run, "_finish", finish)
-    monkeypatch.setattr(_Run, "_finish_owned", finish_owned)
-    monkeypatch.setattr(_Run, "_finish_hookless", finish_hookless)
+    monkeypatch.setattr(StepRun, "go", go)
+    monkeypatch.setattr(StepRun, "_finish", finish)
+    monkeypatch.setattr(StepRun, "_finish_owned", finish_owned)
+    monkeypatch.setattr(StepRun, "_finish_hookless", finish_hookless)
     executors = [ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn) for _ in range(2)]
     rng = torch.get_rng_state()
     for executor in executors:  # (from the same RNG state: the encoder's dropout)
@@ -852,10 +863,10 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypa
     assert unchecked._unchecked_reads and checked._unchecked_reads
     assert unchecked._owned_sources and set(unchecked._owned_sources) <= unchecked._managed
     # the encoder's managed nodes own only storages of their own: its segments take the lean path
-    # (_Run._finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
+    # (StepRun._finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
     assert unchecked._tracking == (name == "resnet")
     checked._unchecked_reads, checked._owned_sources, checked._owned_places, checked._tracking, checked._hookless = False, {}, {}, True, {}
-    checked._segments = _segments(checked)  # (their code tracks what the sorting out looks up: _compile_segment)
+    checked._segments = segments_of(checked)  # (their code tracks what the sorting out looks up: _compile_segment)
     owned.clear()
     rng = torch.get_rng_state()
     for executor in executors:
@@ -891,7 +902,7 @@ def test_recomputes_of_the_batch_are_bookkeeping():
     in_forward, in_backward = [k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == batch][1:]
     (segment,) = executor._segments.values()
     assert segment.start < in_forward < segment.end
-    assert executor._events[in_backward] == (batch, _RECOMPUTED_BATCH)
+    assert executor._events[in_backward] == (batch, RECOMPUTED_BATCH)
     result = executor.step(inputs, targets)
     assert result.n_recomputes == 2 and not executor._hook_at
     _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)
@@ -974,13 +985,11 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     """A managed node whose storages the first step found among its fx values and what their autograd nodes
     saved (MobileNetV2's Conv+BatchNorm+ReLU6 groups: the convolution's and BatchNorm's outputs are fx
     values, BatchNorm's statistics its autograd node's ``_saved_result1``/``_saved_result2``) runs without
-    the saved-tensor hooks from the second step on (_Run._finish_hookless): the hooks are pushed only for
+    the saved-tensor hooks from the second step on (StepRun._finish_hookless): the hooks are pushed only for
     the reruns. Autograd then checks the version of each tensor it saved, BatchNorm's running statistics
     among them, which the step writes again (reset, rerun: SyncBatchNorm here, which the reruns call as it
     is) to the bytes they were saved with: their versions are set back, and without that the backward pass
     fails."""
-    executing = importlib.import_module("poetlab.torch.execute")  # (the module: the package exports a function of its name)
-
     module, inputs, targets = _case("mobilenet")
     module = _sync_norms(module)  # (BatchNorm's own classes rerun through a stand-in that writes nothing)
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
@@ -992,12 +1001,12 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     assert {attr for places, _ in executor._hookless.values() for _, attr in places} >= {None, "_saved_result1", "_saved_result2"}
     lean = {i for i in executor._owned_places if i not in executor._hookless}
     pushes: list[object] = []
-    real_push = executing._push_saved_hooks
-    monkeypatch.setattr(executing, "_push_saved_hooks", lambda *hooks: pushes.append(hooks) or real_push(*hooks))
+    real_push = executor_state.push_saved_hooks
+    _patch_executor(monkeypatch, "push_saved_hooks", lambda *hooks: pushes.append(hooks) or real_push(*hooks))
     result = executor.step(inputs, targets)
     reruns = [op.node for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and executor._computed_at[op.node] != p]
     assert len(pushes) == len([i for i in reruns if i not in executor.binding.inputs]) + len(lean)  # (the batch is never rerun)
-    monkeypatch.setattr(executing, "_set_versions", lambda tensors, versions: None)
+    _patch_executor(monkeypatch, "set_versions", lambda tensors, versions: None)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         executor.step(inputs, targets)
     monkeypatch.undo()
@@ -1006,8 +1015,8 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
 
 def test_nodes_only_recomputed_run_first_without_autograds_graph(monkeypatch):
     """A node the schedule recomputes once in the backward pass, and that only its own backward node reads
-    there (``_graphless_nodes``: the encoder's transformer layer here), runs its first run with grad off
-    inside one autograd function (``_GraphlessRun``), whose backward runs autograd on its rerun's graph:
+    there (``graphless_nodes``: the encoder's transformer layer here), runs its first run with grad off
+    inside one autograd function (``GraphlessRun``), whose backward runs autograd on its rerun's graph:
     losses, gradients, buffers and the random numbers of three steps are a plain step's (``_check_step``),
     and the step's measured peak is lower than with that first run building its graph, as nothing of it is
     saved. Such nodes are none of the step's storages (not managed), and the same schedule run with every
@@ -1018,7 +1027,7 @@ def test_nodes_only_recomputed_run_first_without_autograds_graph(monkeypatch):
     assert executor._graphless and not executor._graphless & executor._managed
     assert all(graph.nodes[i].kind == "TransformerEncoderLayer" for i in executor._graphless)
     graphless = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
-    monkeypatch.setattr(importlib.import_module("poetlab.torch.execute"), "_graphless_nodes", lambda executor: frozenset())
+    _patch_executor(monkeypatch, "graphless_nodes", lambda executor: frozenset())
     with_graph = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
     assert graphless.peak_bytes < with_graph.peak_bytes
     assert graphless.n_recomputes == with_graph.n_recomputes > 0
@@ -1094,22 +1103,22 @@ def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where, mon
     layer.register_forward_hook(lambda _m, _i, out: outputs.append(weakref.ref(out)))
     runs = _alive_runs()
     if where == "first run":
-        real_first = _Run._graphless_in_segment
+        real_first = StepRun._graphless_in_segment
 
         def failing(run, i, *deps):
             real_first(run, i, *deps)
             raise RuntimeError("failed after the first run")
 
-        monkeypatch.setattr(_Run, "_graphless_in_segment", failing)
+        monkeypatch.setattr(StepRun, "_graphless_in_segment", failing)
     else:
-        real_rerun = _Run._recompute
+        real_rerun = StepRun._recompute
 
         def failing(run, i):
             if i == node:
                 raise RuntimeError("failed in the rerun")
             real_rerun(run, i)
 
-        monkeypatch.setattr(_Run, "_recompute", failing)
+        monkeypatch.setattr(StepRun, "_recompute", failing)
     with pytest.raises(RuntimeError, match="failed (after the first run|in the rerun)"):
         executor.step(inputs, targets)
     assert outputs and [ref for ref in outputs if ref() is not None] == []
@@ -1133,7 +1142,7 @@ class _Fork(nn.Module):
 
 def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monkeypatch):
     """The executor knows an unmanaged node's storages by key (the StorageImpl's address) while a packed
-    node may save or view them (_Run._track_values). A segment's code drops a value at its last use, which
+    node may save or view them (StepRun._track_values). A segment's code drops a value at its last use, which
     the schedule may place before its free: ``b``'s output here, read by the add (packed: it reads ``a``,
     which the schedule reruns) and freed after ``c``. A storage made after it died may be given its
     StorageImpl's address (the allocator's next one of that size, often): emulated here by giving that key
@@ -1141,7 +1150,6 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
     (paged out and in). Taken for ``b``'s, that output would be held by ``b`` and emptied at ``b``'s free,
     before the multiplication reads it; known dead (a weak reference to the storage), it is ``c``'s own:
     three steps give a plain step's gradients and counts (``_check_step``)."""
-    executing = importlib.import_module("poetlab.torch.execute")
     torch.manual_seed(0)
     module, inputs, targets = _Fork(), torch.randn(8, 64), torch.randint(0, 10, (8,))
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=False)
@@ -1168,7 +1176,7 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
     predicted = simulate(schedule, graph, costs)
     assert predicted.n_recomputes == 1 and predicted.n_pageouts == 1
 
-    real_key, real_track, real_finish = executing._key, executing._Run._track_values, executing._Run._finish
+    real_key, real_track, real_finish = executor_state.storage_key, StepRun._track_values, StepRun._finish
     given: dict[int, int] = {}  # a storage's real key -> the key it is given
     died: list[int] = []  # the keys of tracked storages that have died
     finishing: list[bool] = [False]
@@ -1191,8 +1199,8 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
         finally:
             finishing[0] = False
 
-    monkeypatch.setattr(executing, "_key", key)
-    monkeypatch.setattr(executing._Run, "_track_values", track)
-    monkeypatch.setattr(executing._Run, "_finish", finish)
+    _patch_executor(monkeypatch, "storage_key", key)
+    monkeypatch.setattr(StepRun, "_track_values", track)
+    monkeypatch.setattr(StepRun, "_finish", finish)
     _check_step("fork", False, schedule, graph, costs, module, inputs, targets)
     assert len(given) > len(set(given.values()))  # (a key was given twice: the emulation took place)

@@ -110,8 +110,8 @@ def test_the_core_imports_only_the_core_and_the_errors():
     assert outside == [], "\n".join(outside)
 
 
-# Still to split by concern (issue 31): the executor, the tracer and the profiler.
-LEFT_TO_SPLIT = {"torch/execute.py", "torch/trace.py", "torch/profile.py"}
+# Still to split by concern (issue 31): the tracer and the profiler.
+LEFT_TO_SPLIT = {"torch/trace.py", "torch/profile.py"}
 
 
 def test_no_module_is_longer_than_600_lines():

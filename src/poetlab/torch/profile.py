@@ -529,7 +529,9 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     +24%). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
     from torch import fx
 
-    from poetlab.torch.execute import bind_graph, detached_aliases, generated_module, group_function, never_unpacked
+    from poetlab.torch.execute.codegen import bind_graph, generated_module, group_function
+    from poetlab.torch.execute.graphless import detached_aliases
+    from poetlab.torch.execute.state import never_unpacked
     from poetlab.torch.trace import tensors_in
 
     graph = traced.graph

@@ -1,0 +1,393 @@
+"""The fast path of the steps after the first (NOTE [5], [8]): the forward pass as generated segments, the bookkeeping replayed in one loop, each backward pre-hook's plan generated once, last frees handed over to autograd. See docs/executor.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from poetlab.core.schedule import Op, OpKind
+from poetlab.torch.execute.codegen import PLAIN_FX_OPS, outside_inputs, generated_module
+from poetlab.torch.execute.state import COMPRESSION_OPS
+
+if TYPE_CHECKING:
+    from poetlab.torch.execute.executor import ScheduleExecutor
+    from poetlab.torch.execute.step import StepRun
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of the forward pass's schedule operations, ``start`` up to ``end`` (exclusive), carried out by
+    one generated function: the first computes' fx nodes, in the schedule's order, and between them calls
+    into the step for the operations that need its work. The executor's per-node work (one Python call
+    per operation, per fx node and per dependency) then happens once for the whole run:
+
+    - a compute of a node without saved-tensor hooks is its fx nodes, and nothing else (its bookkeeping
+      is an event); a *packed* node's fx nodes run between ``run._begin`` and ``run._finish_in_segment``
+      (once learnt, often the lean ``run._begin_owned`` and ``run._finish_owned``), which switch the hooks
+      on and record what the node owns, as :meth:`StepRun._first_compute` does;
+    - frees of unmanaged nodes are events; frees of managed or kept nodes are ``run._free(node)``,
+      page-outs and compressions ``run._do_at(position)``; the events since the last call are replayed
+      (``run._replay``) before each call, so that the planned bytes are counted in the schedule's order;
+    - unmanaged nodes whose storages a packed node of the segment may save or view are made known by key
+      (``run._track``) as soon as they have run, unless that node finds its storages where the first step
+      did (:meth:`ScheduleExecutor._learn`); the autograd nodes that get the pre-hooks driving the backward
+      pass are collected as the nodes they hook have run (by the code itself once the first step has
+      shown that their values are tensors, else ``run._hook_backward``), and hooked after the run;
+    - the parameters and buffers read as attributes (``get_attr``) are the code's own.
+
+    ``run(env, run)`` pops the values of ``deps`` from the list ``env`` (last first) and returns those of
+    ``outputs``: the fx nodes the step reads after the segment (the model's later nodes, or a recompute:
+    managed and kept nodes). The generated code drops every other value after its last use, as the
+    model's own forward would; a node the segment frees without computing it is handed over (dropped from
+    the step's values before the call), so that it too goes at its last use. ``events`` replays the
+    bookkeeping after the last call (:func:`_bookkeeping`)."""
+
+    start: int
+    end: int
+    deps: tuple[fx.Node, ...]
+    freed_before: tuple[int, ...]
+    outputs: tuple[str, ...]
+    escaping: tuple[tuple[int, tuple[str, ...]], ...]  # (node, its fx names in outputs), for storage keys
+    events: tuple[tuple[int, int], ...]
+    run: Callable[..., tuple[object, ...]]
+
+
+_FREE, COMPUTE, SKIPPED_FREE, RECOMPUTED_BATCH = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The schedule's last run of bookkeeping, from position ``start`` to the end, as what it adds up to.
+    It is the same on every step and nothing reads the nodes' states after it, so once a step has shown
+    that it frees no storage, the steps after it that start it at the same position add these sums instead
+    of replaying it event by event (checkpoint-all's whole backward pass: a few hundred events, about half
+    a percent of MobileNetV2 x2's step). Where it starts depends on the pre-hooks, which change once after
+    the first step (:meth:`ScheduleExecutor._learn`): a step that cannot use the sums keeps its own."""
+
+    start: int
+    n_computes: int
+    n_recomputes: int
+    n_skipped: int
+    planned: int  # the change of the planned bytes
+    rise: int  # the planned bytes' highest point above their value at ``start``
+
+
+class SummedReplay:
+    """A run of bookkeeping events in the generated code of a step that has learnt (a plan, a segment:
+    :func:`advance_plan`, :func:`_compile_segment`), and, once it has been replayed without freeing a
+    storage and without an unplanned fetch, what it adds up to (``sums``: the counts, the change of the
+    planned bytes and their highest point above their start). It is the same on every such step, so the
+    steps after add the sums and only set the states of the nodes that something reads later
+    (``stateful``: not a gradient whose every operation is bookkeeping and whose autograd node drives
+    nothing), as :class:`Tail` does for the last run. MobileNetV2 x2 at half of checkpoint-all's peak
+    replays 205 events a step in 25 runs, about half of them gradients': ~110 us of a step on the cold
+    cache, event by event."""
+
+    __slots__ = ("events", "stateful", "sums")
+
+    def __init__(self, events: tuple[tuple[int, int], ...], stateless: frozenset[int]):
+        self.events = events
+        self.stateful = tuple((i, what == COMPUTE or what == RECOMPUTED_BATCH) for i, what in events if i not in stateless)
+        self.sums: tuple[int, int, int, int, int] | None = None
+
+
+def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, int] | None:
+    """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`StepRun._replay`, when it is one for
+    which the step has nothing to do but count: a compute (of a node whose work is done elsewhere: a
+    segment's, a gradient autograd computes; the caller decides), a "recompute" of the caller's batch
+    (which never left), a free of an unmanaged node, a gradient or the batch (the last counted as
+    skipped, as :meth:`StepRun._do` does), or a free whose memory autograd gives back by itself (a node handed
+    over: :func:`handovers_of`). None when the operation needs real work."""
+    i, inputs = op.node, ex.binding.inputs
+    if op.kind is OpKind.COMPUTE:
+        return (i, RECOMPUTED_BATCH if i in inputs and ex._computed_at[i] != position else COMPUTE)
+    if op.kind is OpKind.FREE and i in inputs:
+        return (i, SKIPPED_FREE)
+    if op.kind is OpKind.FREE and ((i not in ex._managed and i not in ex._kept) or position in ex._handed_frees):
+        return (i, _FREE)
+    return None
+
+
+def backward_runs_of(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
+    """(events, ends): for each position of the schedule from the backward pass's first compute on, its
+    operation as an event of :meth:`StepRun._replay` when it is bookkeeping only (:func:`_bookkeeping`: a
+    gradient autograd computes, once; a free of a gradient, of the batch, or of an unmanaged node the
+    forward pass computed), and the end of the run of such operations that starts there (the position
+    itself when it needs work). The backward pass, driven from autograd's pre-hooks, replays each run at
+    once rather than operation by operation: checkpoint-all's whole backward pass is one run, done after
+    ``loss.backward()``."""
+    ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
+    start = ex._backward_start
+    forward_computed = {op.node for op in ops[:start] if op.kind is OpKind.COMPUTE}
+    events: list[tuple[int, int] | None] = [None] * len(ops)
+    for position in range(start, len(ops)):
+        op = ops[position]
+        if op.kind is OpKind.COMPUTE:
+            bookkeeping = (binding.forward_of[op.node] is not None and n_computes[op.node] == 1) or op.node in binding.inputs
+        else:  # (a free of an unmanaged node computed in the backward pass drops its values: _do)
+            bookkeeping = op.kind is OpKind.FREE and (binding.forward_of[op.node] is not None or op.node in forward_computed)
+        if bookkeeping:
+            events[position] = _bookkeeping(ex, op, position)
+    ends = list(range(len(ops) + 1))
+    for position in range(len(ops) - 1, start - 1, -1):
+        if events[position] is not None:
+            ends[position] = ends[position + 1]
+    return tuple(events), tuple(ends)
+
+
+def advance_plan(ex: "ScheduleExecutor", start: int, stop: int) -> Callable[["StepRun"], None]:
+    """What :meth:`StepRun._advance` does from position ``start`` up to ``stop`` (exclusive), as one generated
+    function of the run (as a :class:`Segment`'s code is), for the steps after the first: each run of
+    bookkeeping replayed at once (its events a constant, not a slice of them made per step), a rerun as
+    its call (a compute of a forward node that an earlier position computed first: :meth:`StepRun._rerun`),
+    a free of a forward node as ``_free``, any other operation as ``_do_at``, each after the cursor is set
+    to its position and followed by its hand-overs, and the cursor at ``stop`` in the end. Not which
+    positions had work (``StepRun.worked``): only the first step learns from it. (MobileNetV2 x2 at half of
+    checkpoint-all's peak drives 7 pre-hooks a step: the loop around their work, its lookups and the
+    dispatch of each operation took ~10-20 us of each on the cold cache of a backward pass.)"""
+    ops, binding = ex.schedule.ops, ex.binding
+    sub = fx.Graph()
+    run = sub.placeholder("run")
+    position = start
+    while position < stop:
+        end = min(ex._bookkeeping_end[position], stop)
+        if end > position:
+            sub.call_method("_replay_summed", (run, ex._summed_replay(ex._events[position:end])))
+            position = end
+            continue
+        op = ops[position]
+        i = op.node
+        forward = binding.forward_of[i] is None and i not in binding.inputs
+        sub.call_function(setattr, (run, "cursor", position))  # (where the step is, as _advance has it)
+        if op.kind is OpKind.COMPUTE and forward and ex._computed_at[i] < position:
+            sub.call_method("_rerun", (run, i))
+        elif op.kind is OpKind.FREE and forward:
+            sub.call_method("_free", (run, i))
+        else:
+            sub.call_method("_do_at", (run, position))
+        for k in ex._handover.get(position, ()):
+            sub.call_method("_hand_over", (run, k))
+        position += 1
+    sub.call_function(setattr, (run, "cursor", stop))
+    sub.output(None)
+    return fx.GraphModule(torch.nn.Module(), sub).forward
+
+
+def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
+    """The nodes whose last free the step can leave to autograd, each with ``(use, free)``: the position
+    after whose operation the step has no more use for the node, and that of the free.
+
+    A managed or kept node whose last operation is a free in the backward pass, after the step's last use
+    of it there (its own rerun or page-in, or the rerun of a node that reads it), is from then on held by
+    autograd alone, in what it saved: autograd lets go of it as the last backward node that reads it has
+    run, which the schedule's free follows. Once the step drops its own references right after that use
+    (:meth:`StepRun._hand_over`), the free is bookkeeping (:func:`_bookkeeping`), and a backward pre-hook
+    that had only such frees to do is not needed any more (:meth:`ScheduleExecutor._learn`). Nodes that
+    are compressed are left out (their copies are the step's to drop)."""
+    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
+    start = ex._backward_start
+    last_use: dict[int, int] = {}
+    last_op: dict[int, tuple[int, Op]] = {}
+    compressed: set[int] = set()
+    for position, op in enumerate(ops):
+        i = op.node
+        if binding.forward_of[i] is not None:
+            continue
+        if op.kind in COMPRESSION_OPS:
+            compressed.add(i)
+        last_op[i] = (position, op)
+        if op.kind is not OpKind.FREE:
+            last_use[i] = position
+        if op.kind is OpKind.COMPUTE:  # (a forward node's compute reads its inputs: the step's use of them)
+            for k in nodes[i].inputs:
+                last_use[k] = position
+    found = {}
+    for k in (ex._managed | ex._kept) - binding.inputs - compressed:
+        free, op = last_op[k]
+        use = last_use.get(k, -1)
+        if op.kind is OpKind.FREE and start <= use < free:
+            found[k] = (use, free)
+    return found
+
+
+#: what a segment does by calling into the step (:meth:`StepRun._do`): none of it takes a node out of RAM
+#: but a free, after which the segment's code reads the node no more
+_SEGMENT_CALLS = frozenset({OpKind.FREE, OpKind.PAGE_OUT, OpKind.COMPRESS, OpKind.FREE_COMPRESSED})
+
+
+def segments_of(ex: "ScheduleExecutor") -> dict[int, Segment]:
+    """The forward pass's runs of two first computes or more (:class:`Segment`), by their first position
+    in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
+    batch's first compute, the loss's while it is packed) and before a compute that reads a node the run
+    has freed: that compute starts the next run, whose dependencies are looked up (and checked) by the step."""
+    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
+
+    def forward(i: int) -> bool:
+        return binding.forward_of[i] is None and i not in binding.inputs and i != binding.loss
+
+    def computable(position: int, op: Op) -> bool:  # (a first compute: recomputes are the step's)
+        i = op.node
+        if op.kind is not OpKind.COMPUTE or ex._computed_at.get(i) != position:
+            return False
+        if i == binding.loss:  # (run._compute_loss: not while its reads are checked)
+            return i not in ex._packed_now and i not in ex._managed
+        return forward(i) and all(m.op in PLAIN_FX_OPS for m in binding.members[i])
+
+    runs: list[tuple[int, int]] = []
+    start, freed = None, set()
+    for position, op in enumerate(ops):
+        if op.kind is OpKind.COMPUTE and binding.forward_of[op.node] is not None:
+            break  # the backward pass: autograd's engine
+        if computable(position, op):
+            if start is not None and freed & set(nodes[op.node].inputs):
+                runs.append((start, position))
+                start, freed = None, set()
+            start = position if start is None else start
+            continue
+        if (op.kind in (OpKind.FREE, OpKind.COMPUTE) and op.node in binding.inputs and ex._computed_at[op.node] < position) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
+            start = position if start is None else start
+            if op.kind is OpKind.FREE:
+                freed.add(op.node)
+            elif op.kind is OpKind.COMPUTE:
+                freed.discard(op.node)  # (the batch, back in RAM)
+            continue
+        if start is not None:
+            runs.append((start, position))
+        start, freed = None, set()
+    else:
+        position = len(ops)
+    if start is not None:
+        runs.append((start, position))
+    segments = {}
+    for start, end in runs:
+        if sum(op.kind is OpKind.COMPUTE and op.node not in binding.inputs for op in ops[start:end]) >= 2:
+            segments[start] = _compile_segment(ex, start, end)
+    return segments
+
+
+def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
+    """The :class:`Segment` of operations ``start:end``."""
+    binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed_now
+    ops = ex.schedule.ops[start:end]
+    computed = [op.node for op in ops if op.kind is OpKind.COMPUTE and op.node not in binding.inputs]
+    in_segment = set(computed)
+    freed = {op.node for op in ops if op.kind is OpKind.FREE}
+    members = [m for i in computed for m in binding.members[i]]
+    inside = {m.name for m in members}
+    deps = outside_inputs(members)
+    if binding.loss in in_segment:  # (the loss reads the model's outputs: fx nodes, no members of its own)
+        read: list[fx.Node] = []
+        fx.node.map_arg(binding.output_arg, read.append)
+        for d in read:
+            if d.name not in inside:
+                deps.setdefault(d.name, d)
+    # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to
+    # forget them); not for a packed node that finds its storages where the first step did (_learn)
+    tracked = {k for i in computed if i in packed and i not in ex._owned_sources for k in nodes[i].inputs} & in_segment - packed
+    keep = {i for i in computed if i in ex._managed or (i not in freed and i in ex._kept)}
+    outputs = [
+        m.name for i in computed for m in binding.members[i]
+        if m.name in ex._external[i] and (i in keep or (i not in freed and any(u.name not in inside for u in m.users)))
+    ]
+    # the parameters and buffers it reads as attributes, in its own code (not looked up by the step)
+    attributes = [d for d in deps.values() if d.op == "get_attr" and d.name not in ex._group_of]
+    looked_up = [d for d in deps.values() if d not in attributes]
+    sub = fx.Graph()
+    env_list, run = sub.placeholder("env"), sub.placeholder("run")
+    env: dict[fx.Node, fx.Node] = {d: sub.node_copy(d) for d in attributes}
+    env.update({d: sub.call_method("pop", (env_list,)) for d in reversed(looked_up)})
+    events: list[tuple[int, int]] = []
+    pending_hooks: fx.Node | None = None
+
+    def flush() -> None:  # (the bookkeeping before the next call, in the schedule's order)
+        if events:
+            if ex._learnt:
+                sub.call_method("_replay_summed", (run, ex._summed_replay(events)))
+            else:
+                sub.call_method("_replay", (run, tuple(events)))
+            events.clear()
+
+    def call(method: str, *args: object) -> None:
+        flush()
+        sub.call_method(method, (run, *args))
+
+    for position, op in enumerate(ops, start):
+        i = op.node
+        if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
+            # (a graphless node's free is a call: it lets go of its first run's values, StepRun._free)
+            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked | ex._graphless))
+            event = _bookkeeping(ex, op, position) if bookkeeping else None
+            if event is None and op.kind is OpKind.FREE and i not in binding.inputs:
+                call("_free", i)  # (what _do does for it)
+            elif event is None:
+                call("_do_at", position)
+            else:
+                events.append(event)
+            continue
+        # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair;
+        # without the saved-tensor hooks where its fx values and their autograd nodes show them all)
+        owned = i in ex._owned_places and not ex._tracking
+        places = ex._hookless[i][0] if owned and i in ex._hookless else None
+        if i == binding.loss:
+            call("_compute_loss", i, fx.node.map_arg(binding.output_arg, lambda n: env[n]))
+            continue
+        if places is not None:
+            flush()
+        elif i in packed:
+            call("_begin_owned", i) if owned else call("_begin", i, True)
+        if i in ex._graphless:  # (its values are those of one call: StepRun._graphless_in_segment)
+            compiled = ex._compiled[i]
+            assert compiled is not None
+            results = sub.call_method("_graphless_in_segment", (run, i, *[env[d] for d in compiled.deps]))
+            by_name = {m.name: m for m in binding.members[i]}
+            for k, name in enumerate(ex._external[i]):
+                env[by_name[name]] = sub.call_function(operator.getitem, (results, k))
+        else:
+            for m in binding.members[i]:
+                env[m] = sub.node_copy(m, lambda n: env[n])
+        external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
+        if places is not None:
+            by_name = {m.name: env[m] for m in binding.members[i]}
+            fns = {name: sub.call_function(getattr, (by_name[name], "grad_fn")) for name in dict.fromkeys(name for name, attr in places if attr)}
+            found = tuple(by_name[name] if attr is None else sub.call_function(getattr, (fns[name], attr)) for name, attr in places)
+            sub.call_method("_finish_hookless", (run, i, found))
+        elif i in packed:
+            if owned:
+                sub.call_method("_finish_owned", (run, i, external))
+            else:  # (the first step also shows its fx values, to find its storages without hooks: _finish)
+                members_now = tuple(env[m] for m in binding.members[i]) if not ex._learnt and i in ex._managed else None
+                sub.call_method("_finish_in_segment", (run, i, external, members_now))
+                continue
+        else:
+            events.append((i, COMPUTE))
+            if i in tracked:
+                sub.call_method("_track", (run, i, external))
+        j = binding.backward_of_forward.get(i)
+        if j in ex._hook_at and ex._tensor_valued.get(i):
+            # its outputs' autograd nodes collected here, hooked after the segment (StepRun._hook_pending)
+            if pending_hooks is None:
+                pending_hooks = sub.call_function(getattr, (run, "pending_hooks"))
+            fns = tuple(sub.call_function(getattr, (v, "grad_fn")) for v in external)
+            sub.call_method("append", (pending_hooks, (j, fns)))
+        elif j in ex._hook_at:
+            sub.call_method("_hook_backward", (run, i, external, owned))  # (a lean node's deferred: _finish_owned)
+    sub.output(tuple(env[m] for m in members if m.name in outputs))
+    module = generated_module(ex.gm, sub)
+    return Segment(
+        start=start,
+        end=end,
+        deps=tuple(looked_up),
+        freed_before=tuple(sorted(freed - in_segment - ex._managed - binding.inputs)),
+        outputs=tuple(outputs),
+        escaping=tuple(
+            (i, names) for i in computed
+            if ex._tracking and i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
+        ),
+        events=tuple(events),
+        run=module.forward,
+    )
