@@ -18,8 +18,8 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   private directory under ``paging_dir``: ``write`` + ``fsync`` of the page's file with its cached pages
   then dropped (``posix_fadvise(DONTNEED)``), and a read of it back from the disk (``cache_bypass`` says
   how the page cache was kept out). The very code a schedule's paging runs, so that the prediction prices
-  what the executor does: a read through ``O_DIRECT``, as this measured before, took ~25% less than the
-  executor's buffered read of a 2 MiB page here. Latency and throughput come from a least-squares line
+  what the executor does: a read through ``O_DIRECT`` takes less than the
+  executor's buffered read. Latency and throughput come from a least-squares line
   ``t = latency + bytes / throughput`` over several sizes (median of repeats per size).
 - **Energy**: from RAPL (``/sys/class/powercap/intel-rapl:*/energy_uj``, package domains) where readable:
   each node's energy is the counter's difference over its timed repeats, and paging power is the mean
@@ -64,7 +64,7 @@ PROFILE_FORMAT_VERSION = 2
 #: off, interpreted), which the cost model no longer prices by: read without them (reruns priced as computes)
 _READABLE_VERSIONS = (1, PROFILE_FORMAT_VERSION)
 #: the rerun probe reruns every RERUN_STRIDE-th forward node in a step, each in turn: a schedule reruns a few
-#: nodes, and rerunning all of them in every probed step priced MobileNetV2 x2's 10% above the executor's
+#: nodes, and rerunning all of them in every probed step overprices them (docs/benchmarks.md)
 RERUN_STRIDE = 4
 #: Modeled compute power per busy core: the per-core share of an AMD EPYC 7763's 280 W TDP over its 64
 #: cores (AMD data sheet). An assumption for a shared server core, used only where RAPL cannot be read.
@@ -522,11 +522,8 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     Why: a rerun there costs more than the same node run alone over and over (on this machine 1.0-1.9x
     for nodes of a millisecond or more, up to 12x for the smallest), because the backward operations since
     its first run have evicted its inputs and weights from the caches; and with grad on it costs more than
-    under the grad mode autograd runs pre-hooks with (off). Rerun through the fx interpreter with grad off,
-    every node in every step, and priced at its calibrated time scaled by that slowdown, the executed steps'
-    reruns (``benchmarks/bench_execute.py``) came to +16% and +18% of their price on the encoder x8 and -29%
-    to -32% on MobileNetV2 x16; probed this way, -5% to +18% in two runs, but for ResNet-18 at 50% (+40% and
-    +24%). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
+    under the grad mode autograd runs pre-hooks with (off). Probed as the executor reruns, the price
+    follows the executed reruns (docs/benchmarks.md). These samples are the recompute's price as they are (``CostModel.from_profile``)."""
     from torch import fx
 
     from poetlab.torch.execute.codegen import bind_graph, generated_module, group_function

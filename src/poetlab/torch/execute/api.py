@@ -35,10 +35,8 @@ def retain_freed_memory() -> bool:
     trims its heap's free top), so the next tensor of that size page-faults fresh, zeroed pages in. A
     plain step frees its activations only at the end and settles into reusing the same blocks; a schedule
     that frees a tensor mid-step and recomputes or pages it back in paid those page faults on every step
-    (a fresh process running MobileNetV2 x0.35 at 128x128 under greedy remat at half of checkpoint-all's
-    memory: a median of 1,400-4,300 minor faults per step over steps 7-24, none with this;
-    ``tests/test_execute.py``). How many depends on the process's past, since glibc raises its
-    thresholds as large blocks are freed (the benchmark, after profiling, saw 3-13). With this the
+    (thousands a step on MobileNetV2, none with this: docs/benchmarks.md). How many depends on the
+    process's past, since glibc raises its thresholds as large blocks are freed. With this the
     blocks stay in the heap whatever came before: what a device's fixed arena does. The allocator's
     accounting, which is what the executor measures as peak, is not changed; the process's resident size
     stays at its high-water mark."""

@@ -96,9 +96,7 @@ class RerunBatchNorm:
 
     Why: a rerun through the module updates them a second time, which the step then had to undo (before
     the backward pass: the reruns' buffers reset to the step's backup, their versions set back, one copy
-    and two calls per buffer, :class:`RerunBuffers`; or copied around each rerun). On MobileNetV2 x2 at
-    half of checkpoint-all's peak that was ~50 us before the backward pass and a few microseconds per
-    rerun, for 21 buffers. A module with hooks of its own when the executor is made is called as it is
+    and two calls per buffer, :class:`RerunBuffers`; or copied around each rerun). A module with hooks of its own when the executor is made is called as it is
     (its hooks run on the rerun too, and its buffers are put back as any module's); hooks registered later,
     and global module hooks, do not run on a stand-in's rerun."""
 
@@ -134,8 +132,8 @@ def generated_module(gm: fx.GraphModule, graph: fx.Graph, own: dict[str, object]
     """``graph`` (whose modules and attributes are ``gm``'s, or ``own``'s where a target is one of its keys)
     as generated code that reaches each module and attribute it uses as one attribute of its own, under a
     flat name. Why: fx's code reaches a submodule by its path (``getattr(getattr(self.features, "1").conv,
-    "0")``), one ``Module.__getattr__`` per part, which cost MobileNetV2 x2's forward pass ~0.25 ms (3%)
-    against the model's own code. The modules and tensors are ``gm``'s own objects, not copies."""
+    "0")``), one ``Module.__getattr__`` per part, which costs a deep model's forward pass
+    a few percent against the model's own code. The modules and tensors are ``gm``'s own objects, not copies."""
     flat: dict[str, str] = {}
     root: dict[str, object] = {}
     for n in graph.nodes:
@@ -163,8 +161,7 @@ def compile_group(gm: fx.GraphModule, members: tuple[fx.Node, ...], external: tu
     """The group as a :class:`CompiledGroup` (a rerun's: ``rerun``), or None for one that reads the caller's
     inputs (placeholders stay interpreted) or one without fx nodes (backward nodes). A group of one fx node
     too: interpreted, its arguments go through ``fx.node.map_arg`` and a lookup each (the encoder's layer,
-    one module call: the encoder x8 at 98.5% took 28 and 46 us a step longer so, one executor beside the
-    other in one process)."""
+    one module call, ran measurably slower so)."""
     if not members or any(m.op not in PLAIN_FX_OPS for m in members):
         return None
     return group_function(gm, members, external, rerun)

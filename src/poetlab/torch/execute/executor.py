@@ -299,8 +299,8 @@ class ScheduleExecutor:
           (``_tracking``), and the segments' code collects the autograd nodes to hook itself.
           Then, too, the managed and kept nodes that no other node holds (``run.shared``, ``run.viewing``)
           are handed over to autograd after the step's last use of them (:func:`handovers_of`): their last
-          frees become bookkeeping, and a pre-hook that had only such frees to do goes (on MobileNetV2 x2
-          at half of checkpoint-all's peak, 6 of 13: each rerun's free and its inputs' frees).
+          frees become bookkeeping, and a pre-hook that had only such frees to do goes (each rerun's free
+          and its inputs' frees).
         - Only the parameters and buffers that those nodes met (saved, or returned as values) need their
           storages looked up (:attr:`StepRun.constant_keys`): the same code reads the same tensors every step.
           Their storages are still looked up on every step, since ``p.data = ...`` replaces one.
@@ -360,8 +360,8 @@ class ScheduleExecutor:
         try:
             # autograd accumulates into .grad; the caller's gradients wait aside until the step succeeds.
             # Taken first, not before the backward pass: the optimizer's step or ``zero_grad`` has just read
-            # every parameter, whose ``.grad`` is then found on a warm cache (after the forward pass, the loop
-            # over MobileNetV2's 158 took ~35 us of a step)
+            # every parameter, whose ``.grad`` is then found on a warm cache (after the forward pass, it is
+            # found on a cold one)
             self._set_aside_grads()
             if measure_memory:
                 with measure_allocations() as allocation:

@@ -31,8 +31,7 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: Binding) ->
     without bookkeeping of their storages, without saved-tensor hooks, and their values are dropped at
     their free (or when the backward pass begins). Those a recompute reads (*kept*) keep their values
     until their free instead: the reference keeps the memory, as the schedule does, and the machinery's
-    cost per managed node (~90 us of Python per node on MobileNetV2: saved-tensor hooks on its ~8 saved
-    tensors, records, pre-hooks) is not paid for them. *packed* nodes run under the saved-tensor hooks:
+    cost per managed node (saved-tensor hooks on each saved tensor, records, pre-hooks) is not paid for them. *packed* nodes run under the saved-tensor hooks:
     the managed ones and those that read one (so that autograd's reads of managed storages are checked
     and wait for a prefetch). *hooked* backward nodes get the pre-hook that advances the schedule: from
     the first one before whose compute the schedule does something to a managed or kept node, every
@@ -88,8 +87,7 @@ def graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
     before any backward node reads it and reruns it before its backward node, the only reader left. Run
     with autograd's graph, its first run saves its tensors (a Python call each, under the saved-tensor
     hooks), has its storages recorded, emptied at the free and refilled from the rerun; the encoder's
-    transformer layer saves 29, which made most of the executor's own time on the encoder x8 at 98.5%
-    (``benchmarks/EXECUTOR_CHANGES.md``). Run with grad off inside one autograd function, it saves nothing,
+    transformer layer saves 29, most of the executor's own time on that model (docs/benchmarks.md). Run with grad off inside one autograd function, it saves nothing,
     and the rerun's own graph is what autograd runs backward.
 
     A node qualifies when: it has generated code (:func:`compile_group`) and a backward node; the

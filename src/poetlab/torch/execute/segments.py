@@ -65,8 +65,7 @@ class Tail:
     """The schedule's last run of bookkeeping, from position ``start`` to the end, as what it adds up to.
     It is the same on every step and nothing reads the nodes' states after it, so once a step has shown
     that it frees no storage, the steps after it that start it at the same position add these sums instead
-    of replaying it event by event (checkpoint-all's whole backward pass: a few hundred events, about half
-    a percent of MobileNetV2 x2's step). Where it starts depends on the pre-hooks, which change once after
+    of replaying it event by event (checkpoint-all's whole backward pass: a few hundred events). Where it starts depends on the pre-hooks, which change once after
     the first step (:meth:`ScheduleExecutor._learn`): a step that cannot use the sums keeps its own."""
 
     start: int
@@ -84,9 +83,7 @@ class SummedReplay:
     planned bytes and their highest point above their start). It is the same on every such step, so the
     steps after add the sums and only set the states of the nodes that something reads later
     (``stateful``: not a gradient whose every operation is bookkeeping and whose autograd node drives
-    nothing), as :class:`Tail` does for the last run. MobileNetV2 x2 at half of checkpoint-all's peak
-    replays 205 events a step in 25 runs, about half of them gradients': ~110 us of a step on the cold
-    cache, event by event."""
+    nothing), as :class:`Tail` does for the last run."""
 
     __slots__ = ("events", "stateful", "sums")
 
@@ -147,9 +144,8 @@ def advance_plan(ex: "ScheduleExecutor", start: int, stop: int) -> Callable[["St
     its call (a compute of a forward node that an earlier position computed first: :meth:`StepRun._rerun`),
     a free of a forward node as ``_free``, any other operation as ``_do_at``, each after the cursor is set
     to its position and followed by its hand-overs, and the cursor at ``stop`` in the end. Not which
-    positions had work (``StepRun.worked``): only the first step learns from it. (MobileNetV2 x2 at half of
-    checkpoint-all's peak drives 7 pre-hooks a step: the loop around their work, its lookups and the
-    dispatch of each operation took ~10-20 us of each on the cold cache of a backward pass.)"""
+    positions had work (``StepRun.worked``): only the first step learns from it. (A generated plan
+    replaces the loop around the pre-hook's work, its lookups and the dispatch of each operation.)"""
     ops, binding = ex.schedule.ops, ex.binding
     sub = fx.Graph()
     run = sub.placeholder("run")

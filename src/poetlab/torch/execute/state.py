@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 MISSING = object()
 # autograd's saved-tensor hooks switched on and off without the context manager's three Python calls
 # (what ``torch.autograd.graph.saved_tensors_hooks`` does inside), for the learnt steps' lean paths, once
-# per managed node and per rerun: with grad mode set the same way, ~0.45 us against ~1.6 warm, several
-# times both on the cold cache a forward pass leaves (private calls of the pinned torch, checked for by
+# per managed node and per rerun (private calls of the pinned torch, checked for by
 # ScheduleExecutor)
 push_saved_hooks = getattr(torch._C._autograd, "_push_saved_tensors_default_hooks", None)
 pop_saved_hooks = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
@@ -90,8 +89,7 @@ class BufferBackup:
     Taken with one ``torch.cat`` per dtype of the 1-d buffers and one ``torch.stack`` per dtype of the 0-d
     ones (BatchNorm's ``num_batches_tracked``) into tensors allocated once, whose slices are the copies;
     only buffers of other shapes are copied one by one. ``torch._foreach_copy_`` on a CPU copies tensor by
-    tensor, each through its own TensorIterator: for MobileNetV2's 156 buffers that was ~170 us of every
-    step (``perf record`` of 150 executed steps of MobileNetV2 x2 at 50%, against a hand step's)."""
+    tensor, each through its own TensorIterator, which a model with many small buffers pays every step."""
 
     __slots__ = ("_joined", "_each", "copies")
 
@@ -148,14 +146,9 @@ class RerunBuffers:
       One copy a step, and each rerun sees the buffers its first run saw. Only in steps that read
       unchecked (``ScheduleExecutor._learn``: nothing is fetched unplanned, so nothing reruns twice).
     - Kept (``kept``): otherwise (a module several nodes share, a node rerun twice, the first step) they
-      are copied before the backward pass and put back after it, rather than around every rerun (two
-      copies of a few small tensors cost a rerun ~30 us on a cold cache); a rerun runs on buffers that
+      are copied before the backward pass and put back after it, rather than around every rerun; a rerun runs on buffers that
       its first run has updated already (BatchNorm in training normalizes with the batch's statistics and
-      only updates its running ones).
-
-    MobileNetV2 x2 at half of checkpoint-all's peak reruns 7 nodes with 21 buffers (when its BatchNorm
-    layers were called as they are): keeping them took ~33 us of a step on the cold cache and putting them
-    back ~58; the reset is one such copy."""
+      only updates its running ones). The reset is one copy, where keeping and putting back are two."""
 
     buffers: list[torch.Tensor]
     kept: list[torch.Tensor]
@@ -178,8 +171,7 @@ def unpack_unchecked(tensor: torch.Tensor) -> torch.Tensor:
 
 def copy_buffers(destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """Put buffers back (``torch._foreach_copy_``) without autograd recording it, as ``torch.no_grad``
-    would (a buffer may require grad), by grad mode's own switch: the context manager's Python took a
-    few microseconds on the cold cache of a step."""
+    would (a buffer may require grad), by grad mode's own switch, without the context manager's Python."""
     grad_was = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:

@@ -29,11 +29,7 @@ class StepRun(StepComputing, StepRecords):
     """The state of one executed step."""
 
     # (slots, not an instance dict, as ScheduleExecutor has them: a step reads and writes its run's and its
-    # executor's attributes throughout, on the cold caches its tensors leave. Both together, beside the
-    # executor without them in one process (ab_execute.py, two runs of 400 rounds): MobileNetV2 x2 at 50%
-    # -40 and -217 us a step, at 70% -43 and -60; the encoder x8 at 98.5% -15 and -26. The other way, the
-    # run's counters and the nodes' states as plain objects whose starting values live on the class, took
-    # MobileNetV2 x2 92-270 us a step longer)
+    # executor's attributes throughout, on the cold caches its tensors leave: docs/benchmarks.md)
     __slots__ = (
         "ex", "inputs", "targets", "state", "values", "constants", "records", "_constant_keys", "constants_met",
         "batch_keys", "store", "unmanaged_keys", "cursor", "current", "current_packs", "pending_own", "packs",
@@ -68,8 +64,8 @@ class StepRun(StepComputing, StepRecords):
         self.hooks: torch.autograd.graph.saved_tensors_hooks | object | None = None  # (on while a packed node runs)
         self.seen_fns: set[object] = set()
         # (backward node, the autograd nodes to hook for it) collected by a segment, hooked after it: one
-        # pre-hook registered after another costs a few microseconds, one between the forward pass's
-        # operations, on the cold cache they leave, 15-20 (_hook_pending)
+        # pre-hook registered after another is cheaper than one between the forward pass's operations
+        # (_hook_pending)
         self.pending_hooks: list[tuple[int, tuple[object, ...]]] = []
         # backward nodes whose pre-hook had work to do, and the positions of the operations that had it
         # (ScheduleExecutor._learn)
@@ -97,8 +93,8 @@ class StepRun(StepComputing, StepRecords):
     def constant_keys(self) -> set[int]:
         """Keys of the storages no schedule frees or pages: parameters, buffers, targets, the batch. Built
         on first need, since a step that manages no node (checkpoint-all) never asks; once the executor
-        has learnt which parameters and buffers its managed nodes meet, of those only (a few hundred
-        lookups on a cold cache cost MobileNetV2 x2 about 1% of a step)."""
+        has learnt which parameters and buffers its managed nodes meet, of those only (the lookups
+        of all of them cost a measurable share of a small step)."""
         if self._constant_keys is None:
             met = self.ex._constants_met
             constants = self.ex.constants if met is None else met
@@ -137,7 +133,7 @@ class StepRun(StepComputing, StepRecords):
         forward_of = self.ex.binding.forward_of
         segments = self.ex._segments
         # (the forward pass builds autograd's graph whatever the caller's mode: switched on once, by
-        # torch.enable_grad's own call: the context manager's Python took ~10 us at the start of a step)
+        # torch.enable_grad's own call, without the context manager's Python)
         grad_was = torch.is_grad_enabled()
         torch._C._set_grad_enabled(True)
         try:

@@ -83,9 +83,8 @@ class StepRecords:
 
         Once nothing is tracked (``ScheduleExecutor._tracking``), every storage with a record is its
         owner's alone (a node that holds another's keeps the tracking on: :meth:`ScheduleExecutor._learn`),
-        so none is counted: each goes when its owner leaves RAM. (The encoder's layer owns 21; a count
-        took ~1 us a storage on the cold cache, three times a step: in at its compute and its rerun, out
-        at its free.)"""
+        so none is counted: each goes when its owner leaves RAM. (A count would be paid per storage three
+        times a step: in at its compute and its rerun, out at its free.)"""
         tracking = self.ex._tracking
         if in_ram and not tracking:
             return
@@ -126,8 +125,7 @@ class StepRecords:
         from their places among its saved tensors and values (``ScheduleExecutor._owned_places``), and
         not entered in :attr:`records` by key: once nothing is tracked, nothing looks one up (the
         checked reads and the sorting out of other nodes' storages do; :meth:`ScheduleExecutor._learn`).
-        Of :meth:`_finish`'s ~25 us a node on the cold cache a forward pass leaves (MobileNetV2 x2),
-        about a third was that and the general path's dispatch. The hooks it pushed are popped and it
+        That and the general path's dispatch were a third of :meth:`_finish`'s time. The hooks it pushed are popped and it
         enters RAM here, without :meth:`_end_hooks` and :meth:`_set_in_ram` (nothing to count: not
         tracking, :meth:`_count_holders`); the segment's code collects its autograd nodes to hook."""
         pop_saved_hooks()  # type: ignore[misc]
@@ -151,9 +149,8 @@ class StepRecords:
         freeing one empties the storage it shares with them, and a rerun's bytes are swapped into it.
         Pushing the hooks costs a Python call per saved tensor as autograd saves it and another as it reads
         it back (a Conv+BatchNorm+ReLU6 group saves 9); the group's code reads the 2 statistics BatchNorm
-        saved from its autograd node instead (the rest are its fx values). Such a group run forward and
-        backward alone, warm: 33 us beyond a plain pass under the hooks, 14 us with all four of its
-        tensors read from its autograd nodes (docs/benchmarks.md: the A/B on whole steps)."""
+        saved from its autograd node instead (the rest are its fx values). Reading them there costs the group
+        less than half of what the hooks do (docs/benchmarks.md)."""
         st = self.state[i]
         st.n_packs = self.ex._hookless[i][1]
         self.n_computes += 1
@@ -354,8 +351,7 @@ class StepRecords:
         at the same moments every step, so there is nothing left to check when autograd reads one: the
         saved tensor is only collected, and :meth:`_finish` finds the node's storages among them. Still a
         Python call per saved tensor, but no record looked up, made or checked (the encoder's layer saves
-        28 tensors). Unchecked learnt steps took 80-180 us less than checked ones (in-process, interleaved:
-        the encoder x8 at 98.5%, MobileNetV2 x2 at 70% and 50%)."""
+        28 tensors)."""
         self.packs.append(t)  # type: ignore[union-attr]
         return t.detach()  # (never ``t``: a node that saves its own output would hold itself, see _recompute)
 
