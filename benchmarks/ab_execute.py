@@ -53,7 +53,10 @@ from poetlab.torch.models import TORCH_MODELS, build_torch_model
 from poetlab.torch.trace import trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_execute import SCHEDULES, HandStep, _drop_grads, _plain, _same_grads, planned_schedule  # noqa: E402
+from bench_execute import SCHEDULES, _drop_grads, _plain, _same_grads  # noqa: E402
+
+from poetlab.planners.kept_plans import planned_schedule  # noqa: E402
+from poetlab.torch.reference_steps import HandStep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "benchmarks" / "ab_execute.json"

@@ -1,12 +1,10 @@
-"""The benchmarks' reference steps (``benchmarks/bench_execute.py``): ``HandStep``, beyond which the executor's
+"""The benchmarks' reference steps (:mod:`poetlab.torch.reference_steps`): ``HandStep``, beyond which the executor's
 own time is measured, so its reruns must be the schedule's reruns, the random numbers that dropout drew in the
 forward pass included; and ``CheckpointStep``, torch.utils.checkpoint doing the same reruns."""
 
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +17,10 @@ from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_sch
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
+from poetlab.planners.kept_plans import planned_schedule
+from poetlab.torch.reference_steps import CheckpointStep, HandStep
+from poetlab.errors import InvalidArgumentError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_execute import CheckpointStep, HandStep, planned_schedule  # noqa: E402  (a script's class, not the package's)
 
 
 def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
@@ -63,7 +62,7 @@ def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
     assert solved is not None and status != "loaded" and (tmp_path / "residual-0.7.json").exists()
     loaded, status, message = planned_schedule(graph, costs, 0.7 * full, "residual-0.7", "poet", 10.0, tmp_path)
     assert status == "loaded" and loaded == solved and "residual-0.7.json" in message
-    with pytest.raises(SystemExit, match="residual-0.7.json"):
+    with pytest.raises(InvalidArgumentError, match="residual-0.7.json"):
         planned_schedule(graph, costs, 0.1 * full, "residual-0.7", "poet", 10.0, tmp_path)
     assert planned_schedule(graph, costs, full, "residual-1", "poet", 10.0, tmp_path)[1] == "checkpoint_all"
     assert not (tmp_path / "residual-1.json").exists()
