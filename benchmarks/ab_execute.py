@@ -50,6 +50,7 @@ from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch_models import TORCH_MODELS, build_torch_model
 from poetlab.trace import trace
+from poetlab.kernels import planned_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_execute import SCHEDULES, HandStep, _drop_grads, _plain, _same_grads, planned_schedule  # noqa: E402
@@ -228,4 +229,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.kernels)
+        main()

@@ -98,6 +98,7 @@ from poetlab.profile import profile_host
 from poetlab.schedule import OpKind, Schedule, checkpoint_all_schedule, simulate
 from poetlab.torch_models import build_torch_model
 from poetlab.trace import trace
+from poetlab.kernels import planned_kernels
 
 # (model, batch size, budget fractions of checkpoint-all's peak, each planned by POET's MILP, or by its
 # paging-only arm where marked: the free MILP may well recompute rather than page, and every run must page)
@@ -747,4 +748,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.kernels)
+        main()

@@ -107,6 +107,7 @@ from poetlab.allocations import measure_allocations
 from poetlab.costs import CostModel
 from poetlab.errors import PoetlabError
 from poetlab.graph import TrainingGraph
+from poetlab.kernels import planned_kernels
 from poetlab.paging import PageStore
 from poetlab.schedule import Op, OpKind, Schedule, SimulationResult, simulate
 from poetlab.techniques.bittrain import BitmapTensor, as_words, compress, decompress
@@ -1414,14 +1415,15 @@ class ScheduleExecutor:
             # over MobileNetV2's 158 took ~35 us of a step)
             self._set_aside_grads()
             if measure_memory:
-                with measure_allocations() as allocation:
+                with measure_allocations() as allocation, planned_kernels():
                     run.go()
                 # (this step's gradients, not yet added to those set aside: _restore_grads)
                 grads = [p.grad for p in self.params]
                 total_peak = allocation.peak_bytes
                 peak = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
             else:
-                run.go()
+                with planned_kernels():  # (NOTE [kernel choice] in poetlab.kernels)
+                    run.go()
         except BaseException:
             if buffers:
                 _copy_buffers(self.buffers, buffers)
@@ -2528,7 +2530,8 @@ def retain_freed_memory() -> bool:
 def memory_allowance_bytes(module: nn.Module, graph: TrainingGraph) -> int:
     """How far an executed step's measured peak (parameter gradients left out) may exceed the simulator's,
     and why: the simulator counts the graph's tensors, the allocator also sees each operation's transient
-    workspace. The largest is a convolution's: PyTorch's CPU convolution (and its backward) unfolds its
+    workspace. The largest is a convolution's: PyTorch's native CPU convolution, which a step runs on
+    (NOTE [kernel choice] in :mod:`poetlab.kernels`), and its backward unfold its
     input into kernel-area copies (im2col), at most ``kernel area x`` the largest tensor of the graph; plus
     one more tensor of that size for autograd summing two gradient contributions (a skip connection)
     before it passes the sum on. So: ``(largest kernel area + 1) x`` the graph's largest node."""

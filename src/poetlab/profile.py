@@ -53,6 +53,7 @@ from torch import nn
 
 from poetlab._io import read_text_or_raise, write_text_atomic
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
+from poetlab.kernels import CONVOLUTION_KERNELS, cpu_capability, planned_kernels
 from poetlab.paging import PageStore, PagingError
 from poetlab.platforms import Platform
 
@@ -96,6 +97,10 @@ class MachineInfo:
     python_version: str
     os: str
     date: str
+    # the instruction set torch's CPU kernels were dispatched for, and the convolution kernels the model
+    # was timed on (NOTE [kernel choice] in poetlab.kernels); None in profiles taken before they were recorded
+    cpu_capability: str | None = None
+    convolution_kernels: str | None = None
 
     @classmethod
     def here(cls, threads: int) -> MachineInfo:
@@ -103,6 +108,7 @@ class MachineInfo:
             cpu_model=_cpu_model(), logical_cores=os.cpu_count() or 1, torch_threads=threads,
             torch_version=torch.__version__, python_version=_platform.python_version(),
             os=f"{_platform.system()} {_platform.release()}", date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            cpu_capability=cpu_capability(), convolution_kernels=CONVOLUTION_KERNELS,
         )
 
 
@@ -465,7 +471,7 @@ def profile_model(
     grads = {p: p.grad for p in module.parameters()}
     timings = []
     try:
-        with _restore_state(module):
+        with _restore_state(module), planned_kernels():  # (the executor's kernels)
             for index in tqdm(range(graph.n_nodes), desc=f"profiling {name}", disable=not progress, leave=False):
                 node = graph.nodes[index]
                 if node.kind == "input":
