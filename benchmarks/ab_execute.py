@@ -51,6 +51,7 @@ from poetlab.torch.profile import profile_host
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import TORCH_MODELS, build_torch_model
 from poetlab.torch.trace import trace
+from poetlab.torch.kernels import planned_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_execute import SCHEDULES, _drop_grads, _plain, _same_grads  # noqa: E402
@@ -246,4 +247,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.torch.kernels)
+        main()

@@ -34,6 +34,7 @@ import torch
 from poetlab.core.files import write_json_atomic
 from poetlab.torch.execute import retain_freed_memory
 from poetlab.torch.models import build_torch_model
+from poetlab.torch.kernels import planned_kernels
 
 OUT = Path(__file__).resolve().parents[1] / "experiments" / "benchmarks" / "cache_disruption.json"
 #: (batch size, number of convolutions whose backward a flush precedes): the recompute counts of POET's
@@ -113,4 +114,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.torch.kernels)
+        main()

@@ -45,6 +45,7 @@ from poetlab.techniques.bittrain import shift_relu_density
 from poetlab.techniques.compression import compress_all_schedule, compress_idle, compression_costs, graph_densities, measure_bitmap_rates
 from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
+from poetlab.torch.kernels import planned_kernels
 
 
 def jsonable(value):
@@ -179,4 +180,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.torch.kernels)
+        main()

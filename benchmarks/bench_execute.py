@@ -96,6 +96,7 @@ from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
 from poetlab.planners.kept_plans import PAGING_ONLY, planned_schedule
 from poetlab.torch.reference_steps import CheckpointStep, HandStep
+from poetlab.torch.kernels import planned_kernels
 
 # (model, batch size, budget fractions of checkpoint-all's peak, each planned by POET's MILP, or by its
 # paging-only arm where marked: the free MILP may well recompute rather than page, and every run must page)
@@ -480,4 +481,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with planned_kernels():  # (every step on the executor's kernels: NOTE [kernel choice] in poetlab.torch.kernels)
+        main()

@@ -24,10 +24,15 @@ def run_cli():
 
 @pytest.fixture
 def deterministic_torch():
-    """``torch.use_deterministic_algorithms(True)`` for one test (bitwise gradient comparisons)."""
+    """``torch.use_deterministic_algorithms(True)`` and the executor's kernels for one test (bitwise gradient
+    comparisons: a plain step and an executed one agree bit for bit only on the same kernels; NOTE
+    [kernel choice] in poetlab.torch.kernels)."""
     import torch
+
+    from poetlab.torch.kernels import planned_kernels
 
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
-    yield
+    with planned_kernels():
+        yield
     torch.use_deterministic_algorithms(previous)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import poetlab.torch.kernels
 from poetlab import CostModel, InvalidArgumentError, TrainingGraph, checkpoint_all_schedule, simulate, trace
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.torch.profile import (
@@ -84,6 +85,9 @@ def test_profile_round_trip_and_costs(host_profile, tmp_path):
     loaded = HostProfile.load(path)
     assert loaded == host_profile
     assert loaded.machine.torch_version == torch.__version__ and loaded.machine.torch_threads == 1
+    # the kernels the model was timed on, as the executor runs them (NOTE [kernel choice] in poetlab.torch.kernels)
+    assert loaded.machine.cpu_capability == torch.backends.cpu.get_cpu_capability()
+    assert loaded.machine.convolution_kernels == poetlab.torch.kernels.CONVOLUTION_KERNELS
     assert loaded.energy_modeled == (loaded.energy_source == "model")
     assert loaded.clock == "cpu"  # one thread: the thread's CPU time, immune to waiting for a shared core
     model = loaded.model

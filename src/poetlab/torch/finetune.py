@@ -27,6 +27,7 @@ from poetlab.torch.allocations import measure_allocations
 from poetlab.torch.execute import ScheduleExecutor
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import Schedule
+from poetlab.torch.kernels import planned_kernels
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -106,7 +107,7 @@ def compare_training(
             rng = torch.get_rng_state()
             plain_opt.zero_grad(set_to_none=True)
             if measure:
-                with measure_allocations() as allocation:
+                with measure_allocations() as allocation, planned_kernels():
                     loss = loss_fn(plain(inputs), targets)
                     loss.backward()
                 plain_peak = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters() if p.grad is not None)
@@ -115,8 +116,9 @@ def compare_training(
                 del loss
             else:  # (the loss read and its graph let go inside the time, as the executor's step does both)
                 start, cpu = time.perf_counter(), time.thread_time()
-                loss = loss_fn(plain(inputs), targets)
-                loss.backward()
+                with planned_kernels():  # (the executor's kernels: NOTE [kernel choice] in poetlab.torch.kernels)
+                    loss = loss_fn(plain(inputs), targets)
+                    loss.backward()
                 plain_loss = float(loss.detach())
                 del loss
                 plain_s, plain_cpu_s, plain_peak = time.perf_counter() - start, time.thread_time() - cpu, 0

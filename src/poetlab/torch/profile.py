@@ -56,6 +56,7 @@ from poetlab.core.data import data_dir
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
 from poetlab.torch.paging import PageStore, PagingError
 from poetlab.core.platforms import Platform
+from poetlab.torch.kernels import CONVOLUTION_KERNELS, cpu_capability, planned_kernels
 
 log = logging.getLogger("poetlab.profile")
 
@@ -97,6 +98,10 @@ class MachineInfo:
     python_version: str
     os: str
     date: str
+    # the instruction set torch's CPU kernels were dispatched for, and the convolution kernels the model
+    # was timed on (NOTE [kernel choice] in poetlab.torch.kernels); None in profiles taken before they were recorded
+    cpu_capability: str | None = None
+    convolution_kernels: str | None = None
 
     @classmethod
     def here(cls, threads: int) -> MachineInfo:
@@ -104,6 +109,7 @@ class MachineInfo:
             cpu_model=_cpu_model(), logical_cores=os.cpu_count() or 1, torch_threads=threads,
             torch_version=torch.__version__, python_version=_platform.python_version(),
             os=f"{_platform.system()} {_platform.release()}", date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            cpu_capability=cpu_capability(), convolution_kernels=CONVOLUTION_KERNELS,
         )
 
 
@@ -466,7 +472,7 @@ def profile_model(
     grads = {p: p.grad for p in module.parameters()}
     timings = []
     try:
-        with restored_state(module):
+        with restored_state(module), planned_kernels():  # (the executor's kernels)
             for index in tqdm(range(graph.n_nodes), desc=f"profiling {name}", disable=not progress, leave=False):
                 node = graph.nodes[index]
                 if node.kind == "input":

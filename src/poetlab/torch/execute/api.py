@@ -55,7 +55,8 @@ def retain_freed_memory() -> bool:
 def memory_allowance_bytes(module: nn.Module, graph: TrainingGraph) -> int:
     """How far an executed step's measured peak (parameter gradients left out) may exceed the simulator's,
     and why: the simulator counts the graph's tensors, the allocator also sees each operation's transient
-    workspace. The largest is a convolution's: PyTorch's CPU convolution (and its backward) unfolds its
+    workspace. The largest is a convolution's: PyTorch's native CPU convolution, which a step runs on
+    (NOTE [kernel choice] in :mod:`poetlab.torch.kernels`), and its backward unfold its
     input into kernel-area copies (im2col), at most ``kernel area x`` the largest tensor of the graph; plus
     one more tensor of that size for autograd summing two gradient contributions (a skip connection)
     before it passes the sum on. So: ``(largest kernel area + 1) x`` the graph's largest node."""

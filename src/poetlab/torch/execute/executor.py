@@ -12,6 +12,7 @@ from torch import fx, nn
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import OpKind, Schedule
 from poetlab.torch.allocations import measure_allocations
+from poetlab.torch.kernels import planned_kernels
 from poetlab.torch.execute.codegen import compile_group, stands_in, bind_graph
 from poetlab.torch.execute.graphless import graphless_nodes, managed_nodes
 from poetlab.torch.execute.result import ExecutionError, ExecutionResult
@@ -364,14 +365,15 @@ class ScheduleExecutor:
             # found on a cold one)
             self._set_aside_grads()
             if measure_memory:
-                with measure_allocations() as allocation:
+                with measure_allocations() as allocation, planned_kernels():
                     run.go()
                 # (this step's gradients, not yet added to those set aside: _restore_grads)
                 grads = [p.grad for p in self.params]
                 total_peak = allocation.peak_bytes
                 peak = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
             else:
-                run.go()
+                with planned_kernels():  # (NOTE [kernel choice] in poetlab.torch.kernels)
+                    run.go()
         except BaseException:
             if buffers:
                 copy_buffers(self.buffers, buffers)
