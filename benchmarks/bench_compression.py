@@ -67,7 +67,7 @@ def costs_for(graph, platform_name: str, densities, margin: float):
         platform = load_platform(platform_name)
         cc = compression_costs(graph, platform, densities, margin)
         return CostModel.from_flops(graph, platform).with_compression(cc), "flop model, FLOP_PER_ELEMENT estimate", None
-    from poetlab.torch.profile import HostProfile, find_host_profile
+    from poetlab.torch.host_profile import HostProfile, find_host_profile
 
     profile = HostProfile.load(find_host_profile(graph.metadata.get("torch_model", graph.name), True))
     rates = measure_bitmap_rates(clock=profile.clock)

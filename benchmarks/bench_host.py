@@ -27,7 +27,8 @@ from pathlib import Path
 from poetlab import CostModel, available_platforms, load_platform
 from poetlab.core.files import write_json_atomic, write_text_atomic
 from poetlab.planners.poet.solver import min_footprint_bytes, solve
-from poetlab.torch.profile import HostProfile, default_profile_path, profile_host
+from poetlab.torch.host_profile import HostProfile, default_profile_path
+from poetlab.torch.profile import profile_host
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.torch.trace import trace_torch_model
 

@@ -52,7 +52,8 @@ from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_sch
 from poetlab.torch.paging import PageStore, PagingError
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import MobileNetV2, ResNet18, build_torch_model
-from poetlab.torch.trace import tensors_in, trace
+from poetlab.torch.probes import tensors_in
+from poetlab.torch.trace import trace
 
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")

@@ -12,10 +12,9 @@ from torch import nn
 import poetlab.torch.kernels
 from poetlab import CostModel, InvalidArgumentError, TrainingGraph, checkpoint_all_schedule, simulate, trace
 from poetlab.core.graph import min_footprint_bytes
+from poetlab.torch.host_profile import HostProfile, ProfileFileError
 from poetlab.torch.profile import (
-    HostProfile,
     PagingDirError,
-    ProfileFileError,
     check_paging_dir,
     profile_disk,
     profile_host,

@@ -8,7 +8,8 @@ from torch import fx, nn
 
 from poetlab import TrainingGraph, trace
 from poetlab.torch.models import ResNet18, build_torch_model
-from poetlab.torch.trace import TraceError, whole_step_flops
+from poetlab.torch.probes import whole_step_flops
+from poetlab.torch.trace import TraceError
 
 
 class SkipNet(nn.Module):

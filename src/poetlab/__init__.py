@@ -35,9 +35,9 @@ _LAZY = {
     "TraceError": "poetlab.torch.trace",
     "trace": "poetlab.torch.trace",
     "trace_torch_model": "poetlab.torch.trace",
-    "HostProfile": "poetlab.torch.profile",
+    "HostProfile": "poetlab.torch.host_profile",
     "PagingDirError": "poetlab.torch.profile",
-    "ProfileFileError": "poetlab.torch.profile",
+    "ProfileFileError": "poetlab.torch.host_profile",
     "profile_host": "poetlab.torch.profile",
 }
 

@@ -63,7 +63,7 @@ def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
 
 def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
     """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate."""
-    from poetlab.torch.profile import HostProfile, find_host_profile
+    from poetlab.torch.host_profile import HostProfile, find_host_profile
 
     path = args.profile or find_host_profile(args.model, args.fuse)
     profile = HostProfile.load(path)

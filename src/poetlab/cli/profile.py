@@ -13,7 +13,8 @@ from poetlab.core.platforms import HOST
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from poetlab.torch.profile import default_profile_path, profile_host
+    from poetlab.torch.host_profile import default_profile_path
+    from poetlab.torch.profile import profile_host
     from poetlab.torch.models import TORCH_MODELS
 
     if args.platform != HOST:

@@ -46,7 +46,7 @@ def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, c
         if args.platform == HOST:  # compress and decompress timed here, at the profile's compute power
             import torch
 
-            from poetlab.torch.profile import HostProfile, find_host_profile
+            from poetlab.torch.host_profile import HostProfile, find_host_profile
 
             profile = HostProfile.load(args.profile or find_host_profile(args.model, args.fuse))
             threads = torch.get_num_threads()

@@ -18,7 +18,7 @@ from poetlab.core.graph import TrainingGraph
 from poetlab.core.platforms import Platform
 
 if TYPE_CHECKING:
-    from poetlab.torch.profile import HostProfile
+    from poetlab.torch.host_profile import HostProfile
 
 
 @dataclass(frozen=True, eq=False)

@@ -24,7 +24,7 @@ PAPER_NAMES = {
 def load_table_platforms(names: Sequence[str]) -> list[Platform]:
     """The platforms named, each from its YAML file, and ``host`` from its committed profile (the one of
     ``resnet18_cifar_torch`` if present, else any host profile in ``data/profiles``)."""
-    from poetlab.torch.profile import HostProfile, find_host_profile
+    from poetlab.torch.host_profile import HostProfile, find_host_profile
 
     return [
         HostProfile.load(find_host_profile("resnet18_cifar_torch")).platform() if name == HOST else load_platform(name)

@@ -3,7 +3,7 @@
 The paper platforms are coefficient files; ``host`` is whatever machine this runs on, so it is measured:
 
 - **Nodes**: each node of a traced training graph (:mod:`poetlab.torch.trace`) runs alone on its recorded
-  inputs: a forward node's forward, a backward node's backward (its forward rerun untimed before each
+  inputs (:mod:`poetlab.torch.probes`): a forward node's forward, a backward node's backward (its forward rerun untimed before each
   repeat), ``warmup`` runs then the median of ``repeats``, with torch's intra-op threads pinned to
   ``threads`` (recorded). With one thread the clock is the thread's CPU time (``clock: cpu``): on a
   shared machine wall time also counts the time spent waiting for a core, which inflates long runs (a
@@ -28,42 +28,34 @@ The paper platforms are coefficient files; ``host`` is whatever machine this run
   compute power = ``threads x`` :data:`MODEL_CORE_POWER_W`, paging power = :data:`MODEL_MEMORY_POWER_W`.
 
 The profile is one JSON file (written atomically) with the machine's description (CPU model, cores,
-torch version and threads, date) beside the numbers; :meth:`HostProfile.platform` turns it into a
+torch version and threads, date) beside the numbers; its data classes and file format are
+:mod:`poetlab.torch.host_profile`. :meth:`HostProfile.platform` turns it into a
 :class:`~poetlab.core.platforms.Platform` and :meth:`poetlab.core.costs.CostModel.from_profile` into per-node costs.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import logging
 import os
-import platform as _platform
 import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from poetlab.core.files import read_text_or_raise, write_text_atomic
-from poetlab.core.data import data_dir
 from poetlab.errors import InvalidArgumentError, OutputError, PoetlabError
+from poetlab.torch.host_profile import DiskProfile, HostProfile, MachineInfo, ModelProfile, NodeTiming
+from poetlab.torch.kernels import planned_kernels
 from poetlab.torch.paging import PageStore, PagingError
-from poetlab.core.platforms import Platform
-from poetlab.torch.kernels import CONVOLUTION_KERNELS, cpu_capability, planned_kernels
 
 log = logging.getLogger("poetlab.profile")
 
-PROFILE_FORMAT_VERSION = 2
-#: versions still read: version 1's rerun times were taken another way (under the backward pass's grad mode,
-#: off, interpreted), which the cost model no longer prices by: read without them (reruns priced as computes)
-_READABLE_VERSIONS = (1, PROFILE_FORMAT_VERSION)
 #: the rerun probe reruns every RERUN_STRIDE-th forward node in a step, each in turn: a schedule reruns a few
 #: nodes, and rerunning all of them in every probed step overprices them (docs/benchmarks.md)
 RERUN_STRIDE = 4
@@ -78,219 +70,11 @@ DEFAULT_DISK_SIZES_BYTES: tuple[int, ...] = (1 << 16, 1 << 18, 1 << 20, 1 << 22,
 RAPL_ROOT = Path("/sys/class/powercap")
 
 
-class ProfileFileError(PoetlabError, ValueError):
-    """A host profile JSON file that is missing, unreadable or does not follow the format."""
-
-
 class PagingDirError(OutputError):
     """A paging directory that does not exist, is not writable, or has too little space."""
 
 
-# ---- the profile ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class MachineInfo:
-    cpu_model: str
-    logical_cores: int
-    torch_threads: int
-    torch_version: str
-    python_version: str
-    os: str
-    date: str
-    # the instruction set torch's CPU kernels were dispatched for, and the convolution kernels the model
-    # was timed on (NOTE [kernel choice] in poetlab.torch.kernels); None in profiles taken before they were recorded
-    cpu_capability: str | None = None
-    convolution_kernels: str | None = None
-
-    @classmethod
-    def here(cls, threads: int) -> MachineInfo:
-        return cls(
-            cpu_model=_cpu_model(), logical_cores=os.cpu_count() or 1, torch_threads=threads,
-            torch_version=torch.__version__, python_version=_platform.python_version(),
-            os=f"{_platform.system()} {_platform.release()}", date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            cpu_capability=cpu_capability(), convolution_kernels=CONVOLUTION_KERNELS,
-        )
-
-
-@dataclass(frozen=True)
-class DiskProfile:
-    """Page-out (write + fsync) and page-in (uncached read) of a real file by :class:`~poetlab.torch.paging.PageStore`,
-    fitted as latency + size/throughput."""
-
-    directory: str
-    cache_bypass: str
-    sizes_bytes: tuple[int, ...]
-    pageout_s: tuple[float, ...]  # median per size
-    pagein_s: tuple[float, ...]
-    pageout_latency_s: float
-    pageout_throughput_bytes_per_s: float
-    pagein_latency_s: float
-    pagein_throughput_bytes_per_s: float
-    power_w: float
-    energy_source: str  # "rapl" or "model"
-
-
-@dataclass(frozen=True)
-class NodeTiming:
-    """One node's probed time (median of ``samples_s``) and energy; for a forward node, also its time
-    when rerun in the middle of a backward pass (``rerun_s``, median of ``rerun_samples_s``; None where
-    it was not timed: older profiles, inputs, the loss, an output autograd does not differentiate)."""
-
-    name: str
-    runtime_s: float
-    energy_j: float
-    samples_s: tuple[float, ...] = ()
-    rerun_s: float | None = None
-    rerun_samples_s: tuple[float, ...] = ()
-
-
-@dataclass(frozen=True)
-class ModelProfile:
-    """Per-node measurements of one traced model (graph node names in graph order)."""
-
-    name: str
-    batch_size: int
-    fused: bool
-    nodes: tuple[NodeTiming, ...]
-    step_runtime_s: float
-    step_samples_s: tuple[float, ...] = ()
-    forward_runtime_s: float | None = None  # the forward pass of a whole step (median), None in older profiles
-
-    @property
-    def node_runtime_sum_s(self) -> float:
-        return float(sum(node.runtime_s for node in self.nodes))
-
-
-@dataclass(frozen=True)
-class HostProfile:
-    machine: MachineInfo
-    flops_per_s: float
-    compute_power_w: float
-    energy_source: str  # "rapl" or "model": where every energy figure in this profile comes from
-    disk: DiskProfile
-    repeats: int
-    warmup: int
-    model: ModelProfile | None = None
-    notes: tuple[str, ...] = field(default=())
-    clock: str = "wall"  # how node and step times were taken (see CLOCKS); paging is always wall time
-
-    @property
-    def energy_modeled(self) -> bool:
-        return self.energy_source != "rapl"
-
-    def platform(self, name: str = "host") -> Platform:
-        """The host as a flop-model platform (measured matmul rate, measured paging, power as profiled)."""
-        d = self.disk
-        return Platform(
-            name=name,
-            description=f"this machine: {self.machine.cpu_model}, {self.machine.torch_threads} torch threads, profiled {self.machine.date}"
-            + (" (energies modeled)" if self.energy_modeled else " (energies from RAPL)"),
-            flops_per_s=self.flops_per_s,
-            flop_per_j=self.flops_per_s / self.compute_power_w,
-            pagein_latency_s=max(d.pagein_latency_s, 1e-9),
-            pagein_throughput_bytes_per_s=d.pagein_throughput_bytes_per_s,
-            pageout_latency_s=max(d.pageout_latency_s, 1e-9),
-            pageout_throughput_bytes_per_s=d.pageout_throughput_bytes_per_s,
-            memory_power_w=d.power_w,
-            compute_power_w=self.compute_power_w,
-            sources=self._sources(),
-        )
-
-    def _sources(self) -> dict[str, str]:
-        """Where each coefficient comes from, in the words Table 2 prints beside it."""
-        m = self.machine
-        where = f"{m.cpu_model}, {m.torch_threads} torch threads, {m.date}"
-        compute = f"profiled: float32 matmul benchmark by `poetlab profile` on {where}"
-        paging = f"profiled: write + fsync, reads with {self.disk.cache_bypass}, least-squares fit over sizes, in {self.disk.directory}"
-        power = (
-            f"modeled (RAPL unreadable): compute {self.compute_power_w:g} W, paging {self.disk.power_w:g} W (poetlab.torch.profile's power model)"
-            if self.energy_modeled else f"profiled: RAPL package energy counters on {where}"
-        )
-        paging_keys = ("pagein_latency_s", "pagein_throughput_bytes_per_s", "pageout_latency_s", "pageout_throughput_bytes_per_s")
-        return {"flops_per_s": compute, "flop_per_j": f"{compute}; power {power}", **dict.fromkeys(paging_keys, paging),
-                "memory_power_w": power, "compute_power_w": power}
-
-    # ---- JSON ----
-    def to_dict(self) -> dict[str, object]:
-        return {"format": "poetlab.HostProfile", "version": PROFILE_FORMAT_VERSION, **asdict(self)}
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the profile as JSON, atomically."""
-        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
-
-    @classmethod
-    def from_dict(cls, data: object, origin: str = "profile") -> HostProfile:
-        if not isinstance(data, dict) or data.get("format") != "poetlab.HostProfile":
-            raise ProfileFileError(f"{origin}: not a poetlab host profile (missing format: poetlab.HostProfile); run `poetlab profile --platform host`")
-        if data.get("version") not in _READABLE_VERSIONS:
-            raise ProfileFileError(f"{origin}: host profile version {data.get('version')!r} is not supported (expected {PROFILE_FORMAT_VERSION}); re-run `poetlab profile`")
-        reruns = data.get("version") == PROFILE_FORMAT_VERSION
-        try:
-            model = data.get("model")
-            profile = cls(
-                machine=MachineInfo(**data["machine"]),
-                flops_per_s=float(data["flops_per_s"]),
-                compute_power_w=float(data["compute_power_w"]),
-                energy_source=str(data["energy_source"]),
-                disk=_disk_from(data["disk"]),
-                repeats=int(data["repeats"]),
-                warmup=int(data["warmup"]),
-                model=None if model is None else ModelProfile(
-                    name=str(model["name"]), batch_size=int(model["batch_size"]), fused=bool(model["fused"]),
-                    nodes=tuple(_node_timing(n, reruns) for n in model["nodes"]),
-                    step_runtime_s=float(model["step_runtime_s"]), step_samples_s=tuple(model.get("step_samples_s", ())),
-                    forward_runtime_s=None if model.get("forward_runtime_s") is None else float(model["forward_runtime_s"]),
-                ),
-                notes=tuple(data.get("notes", ())),
-                clock=str(data.get("clock", "wall")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
-            raise ProfileFileError(f"{origin}: invalid host profile: {detail}; re-run `poetlab profile`") from None
-        values = [profile.flops_per_s, profile.compute_power_w, profile.disk.pagein_throughput_bytes_per_s, profile.disk.pageout_throughput_bytes_per_s, profile.disk.power_w]
-        if not all(np.isfinite(v) and v > 0 for v in values) or (profile.model and any(not (n.runtime_s >= 0 and n.energy_j >= 0 and (n.rerun_s is None or n.rerun_s >= 0)) for n in profile.model.nodes)):
-            raise ProfileFileError(f"{origin}: invalid host profile: rates, powers and times must be positive; re-run `poetlab profile`")
-        return profile
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> HostProfile:
-        path = Path(path)
-        missing = f"no such host profile; run `poetlab profile --platform host --output {path}`"
-        text = read_text_or_raise(path, ProfileFileError, missing, "cannot read the host profile")
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); re-run `poetlab profile`") from None
-        return cls.from_dict(data, str(path))
-
-
-def _node_timing(data: dict, reruns: bool = True) -> NodeTiming:
-    rerun = data.get("rerun_s") if reruns else None
-    return NodeTiming(
-        str(data["name"]), float(data["runtime_s"]), float(data["energy_j"]), tuple(float(x) for x in data.get("samples_s", ())),
-        None if rerun is None else float(rerun), tuple(float(x) for x in data.get("rerun_samples_s", ())) if reruns else (),
-    )
-
-
-def _disk_from(data: dict) -> DiskProfile:
-    values = dict(data)
-    for key in ("sizes_bytes", "pageout_s", "pagein_s"):
-        values[key] = tuple(values[key])
-    return DiskProfile(**values)
-
-
-# ---- machine facts ----------------------------------------------------------------------------------
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _platform.processor() or _platform.machine() or "unknown"
+# ---- energy counters ----------------------------------------------------------------------------------
 
 
 class Rapl:
@@ -464,7 +248,8 @@ def profile_model(
     step's runtime. Leaves the module's parameters, buffers and gradients as they were."""
     from tqdm.auto import tqdm
 
-    from poetlab.torch.trace import restored_state, trace_step
+    from poetlab.torch.probes import restored_state
+    from poetlab.torch.trace import trace_step
 
     traced = trace_step(module, example_inputs, loss_fn, targets, fuse=fuse, name=name)
     graph = traced.graph
@@ -535,7 +320,7 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
     from poetlab.torch.execute.codegen import bind_graph, generated_module, group_function
     from poetlab.torch.execute.graphless import detached_aliases
     from poetlab.torch.execute.state import never_unpacked
-    from poetlab.torch.trace import tensors_in
+    from poetlab.torch.probes import tensors_in
 
     graph = traced.graph
     gm = traced.gm
@@ -584,32 +369,6 @@ def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: i
         for p in gm.parameters():
             p.grad = None
     return {k: times for k, times in samples.items() if times}
-
-
-def default_profile_dir() -> Path:
-    """Where host profiles are kept: ``profiles/`` of :func:`~poetlab.core.data.data_dir`."""
-    return data_dir() / "profiles"
-
-
-def default_profile_path(model: str | None, fuse: bool = False) -> Path:
-    stem = "host-" + (model or "disk") + ("-fused" if fuse and model else "")
-    return default_profile_dir() / f"{stem}.json"
-
-
-def find_host_profile(model: str | None, fuse: bool = False, directory: Path | None = None) -> Path:
-    """The profile to cost ``model`` on the host: its own (fused or not) if present, else any host profile
-    in ``directory`` (its disk and matmul rate still apply); a one-line error when there is none."""
-    directory = directory or default_profile_dir()
-    candidates = [default_profile_path(model, fuse).name, default_profile_path(model, False).name] if model else []
-    for name in candidates:
-        if (directory / name).is_file():
-            return directory / name
-    others = sorted(directory.glob("host-*.json")) if directory.is_dir() else []
-    if others:
-        return others[0]
-    raise ProfileFileError(
-        f"no host profile in {directory}; run `poetlab profile --platform host{f' --model {model}' if model else ''}` or pass --profile FILE"
-    )
 
 
 def profile_host(

@@ -23,7 +23,8 @@ model instead mirrors what autograd does, found by running one real training ste
   ``metadata["internal_saved_bytes"]``. Views are counted at their full size (conservative).
 - **Flops**: ``torch.utils.flop_counter.FlopCounterMode`` on each node run in isolation on its real
   inputs, forward and backward (``torch.autograd.grad`` w.r.t. the inputs that require grad and the
-  node's parameters) separately; their sum equals FlopCounterMode on the whole step.
+  node's parameters) separately (the probes of :mod:`poetlab.torch.probes`); their sum equals
+  FlopCounterMode on the whole step (:func:`poetlab.torch.probes.whole_step_flops`).
 - **Fusion** (``fuse=True``): a cheap element-wise or view node (BatchNorm, LayerNorm, ReLU, GELU,
   dropout, add, flatten, getitem, ...) joins its producer's group when that producer is the group's
   last member and has no other user, so only a group's last member is read outside the group. The
@@ -61,7 +62,6 @@ constants, never graph tensors.
 
 from __future__ import annotations
 
-import contextlib
 import linecache
 import operator
 import sys
@@ -74,10 +74,10 @@ from pathlib import Path
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
-from torch.utils.flop_counter import FlopCounterMode
 
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.core.graph import Node, TrainingGraph
+from poetlab.torch.probes import NodeProbe, group_params, node_flops, node_probe, restored_state, tensors_in
 
 __all__ = ["TraceError", "trace", "trace_torch_model", "FUSABLE_MODULES", "FUSABLE_FUNCTIONS", "FUSABLE_METHODS"]
 
@@ -180,17 +180,6 @@ def symbolic_trace(module: nn.Module, leaf_modules: Iterable[str | type[nn.Modul
 # ---- one real step, recorded -------------------------------------------------------------------
 
 
-def tensors_in(value: object) -> list[torch.Tensor]:
-    """The tensors in a value (a tensor, or a tuple/list/dict of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in tensors_in(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in tensors_in(item)]
-    return []
-
-
 def _key(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
@@ -274,7 +263,7 @@ class TracedStep:
 
     def node_probe(self, index: int) -> NodeProbe:
         """Closures that run graph node ``index`` alone on its recorded inputs (forward, and backward)."""
-        return _probe(self, index)
+        return node_probe(self, index)
 
     def node_densities(self) -> dict[int, float]:
         """Per forward node (not inputs, not the loss): the fraction of non-zero elements in the bytes
@@ -293,25 +282,6 @@ class TracedStep:
             if total:
                 out[index] = sum(int(torch.count_nonzero(c)) for c in chunks) / total
         return out
-
-
-def restored_state(module: nn.Module):
-    """Context manager: put back parameters, buffers and RNG state as they were."""
-
-    @contextlib.contextmanager
-    def manager():
-        saved = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
-        with torch.random.fork_rng(devices=[]):
-            try:
-                yield
-            finally:
-                with torch.no_grad():
-                    current = module.state_dict(keep_vars=True)
-                    for k, v in saved.items():
-                        if k in current:
-                            current[k].copy_(v)
-
-    return manager()
 
 
 def trace(
@@ -495,7 +465,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
     internal_bytes: dict[str, int] = {}
     for g in order:
         value = record.values[tail[g]]
-        params = _group_params(gm, [by_name[m] for m in members[g]], modules)
+        params = group_params(gm, [by_name[m] for m in members[g]], modules)
         params_of[g] = [named_params[id(p)] for p in params if id(p) in named_params]
         tensor_bytes[g] = _nbytes(value)
         internal_bytes[g] = sum(internal[g].values())
@@ -554,7 +524,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
         gm, TrainingGraph(name, tuple(nodes), metadata), groups, record, loss_fn, targets, loss_name, output_node.args[0],
         {g: list(found.values()) for g, found in internal_storage.items()},
     )
-    flops = [_node_flops(traced, i) for i in range(len(nodes))]
+    flops = [node_flops(traced, i) for i in range(len(nodes))]
     forward_flops = {nodes[i].name: f for i, (f, _) in enumerate(flops)}
     final = []
     for node in nodes:
@@ -575,134 +545,6 @@ def _replace(node: Node, **changes) -> Node:
 def _shape(value: object) -> tuple[int, ...]:
     tensors = tensors_in(value)
     return tuple(tensors[0].shape) if len(tensors) == 1 else ()
-
-
-def _group_params(gm: fx.GraphModule, members: list[fx.Node], modules: dict[str, nn.Module]) -> list[nn.Parameter]:
-    """Parameters a group uses: its modules' and those read through get_attr, each once."""
-    found: dict[int, nn.Parameter] = {}
-    for n in members:
-        if n.op == "call_module":
-            for p in modules[n.target].parameters():
-                found.setdefault(id(p), p)
-        for dep in n.all_input_nodes:
-            if dep.op == "get_attr":
-                value = fetch_attr(gm, dep.target)
-                if isinstance(value, nn.Parameter):
-                    found.setdefault(id(value), value)
-    return list(found.values())
-
-
-def fetch_attr(gm: fx.GraphModule, target: str):
-    value = gm
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
-# ---- running one node alone (flops here, timings in poetlab.torch.profile) ---------------------------
-
-
-@dataclass
-class NodeProbe:
-    """One graph node, ready to run alone on its recorded inputs.
-
-    ``forward()`` computes the node's output from fresh leaf copies of its inputs; ``backward(out)``
-    computes the gradients that node's backward computes, w.r.t. the inputs that require grad and the
-    node's parameters. A probe for a backward node runs its forward node's forward in ``prepare`` and
-    times only the backward.
-    """
-
-    forward: Callable[[], object]
-    grad_targets: Callable[[], list[torch.Tensor]]
-    is_backward: bool
-
-    def run_backward(self, output: object) -> None:
-        outs = [t for t in tensors_in(output) if t.requires_grad]
-        targets = [t for t in self.grad_targets() if t.requires_grad]
-        if not outs or not targets:
-            return
-        grads = [torch.ones_like(t) for t in outs]
-        torch.autograd.grad(outs, targets, grads, allow_unused=True)
-
-
-def _probe(traced: TracedStep, index: int) -> NodeProbe:
-    graph = traced.graph
-    node = graph.nodes[index]
-    meta = graph.metadata
-    fwd_name = meta["backward_of"][node.name] if node.is_backward else node.name
-    values = traced.record.values
-    gm = traced.gm
-    is_loss = fwd_name == traced.loss_name
-    modules = dict(gm.named_modules())
-    leaves: list[torch.Tensor] = []
-
-    def fresh(value: object) -> object:
-        """Detached copies of the recorded inputs, leaves requiring grad where the original did."""
-        if isinstance(value, torch.Tensor):
-            leaf = value.detach().requires_grad_(value.requires_grad)
-            if leaf.requires_grad:
-                leaves.append(leaf)
-            return leaf
-        if isinstance(value, (tuple, list)):
-            return type(value)(fresh(v) for v in value)
-        return value
-
-    if is_loss:
-        def forward() -> object:
-            leaves.clear()
-            out = fx.node.map_arg(traced.output_args, lambda n: fresh(values[n.name]))
-            return traced.loss_fn(out) if traced.targets is None else traced.loss_fn(out, traced.targets)
-
-        params: list[torch.Tensor] = []
-    else:
-        member_names = meta["fx_groups"][fwd_name]
-        fx_by_name = {n.name: n for n in gm.graph.nodes}
-        members = [fx_by_name[m] for m in member_names]
-        interpreter = fx.Interpreter(gm, garbage_collect_values=False)
-        params = _group_params(gm, members, modules)
-
-        def forward() -> object:
-            leaves.clear()
-            env: dict[fx.Node, object] = {}
-            for m in members:
-                for dep in m.all_input_nodes:
-                    if dep not in env and dep.name not in member_names:
-                        env[dep] = fresh(values[dep.name]) if dep.op != "get_attr" else fetch_attr(gm, dep.target)
-            interpreter.env = env
-            out = None
-            for m in members:
-                out = env[m] = interpreter.run_node(m) if m.op != "placeholder" else values[m.name]
-            return out
-
-    return NodeProbe(forward=forward, grad_targets=lambda: [*leaves, *params], is_backward=node.is_backward)
-
-
-def _node_flops(traced: TracedStep, index: int) -> tuple[int, int]:
-    """(forward, backward) flops of forward node ``index`` run alone; (0, 0) for a backward node."""
-    node = traced.graph.nodes[index]
-    if node.is_backward or node.kind == "input":
-        return 0, 0
-    probe = _probe(traced, index)
-    with FlopCounterMode(display=False) as counter:
-        out = probe.forward()
-    forward = counter.get_total_flops()
-    with FlopCounterMode(display=False) as counter:
-        probe.run_backward(out)
-    return forward, counter.get_total_flops()
-
-
-def whole_step_flops(module: nn.Module, example_inputs, loss_fn, targets=None) -> tuple[int, int]:
-    """(forward incl. loss, backward) flops of one plain training step, by FlopCounterMode: the
-    reference that a traced graph's node flops must add up to."""
-    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    with restored_state(module):
-        with FlopCounterMode(display=False) as counter:
-            out = module(*inputs)
-            loss = loss_fn(out) if targets is None else loss_fn(out, targets)
-        forward = counter.get_total_flops()
-        with FlopCounterMode(display=False) as counter:
-            torch.autograd.grad(loss, [p for p in module.parameters() if p.requires_grad], allow_unused=True)
-        return forward, counter.get_total_flops()
 
 
 class _CallableModule(types.ModuleType):

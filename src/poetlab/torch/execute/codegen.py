@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 
 from poetlab.core.graph import TrainingGraph
-from poetlab.torch.trace import fetch_attr
+from poetlab.torch.probes import fetch_attr
 from poetlab.torch.execute.result import ExecutionError
 
 

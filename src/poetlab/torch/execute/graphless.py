@@ -9,7 +9,7 @@ import torch
 
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import OpKind, Schedule
-from poetlab.torch.trace import fetch_attr
+from poetlab.torch.probes import fetch_attr
 from poetlab.torch.execute.codegen import outside_inputs
 from poetlab.torch.execute.result import ExecutionError
 from poetlab.torch.execute.state import storage_key

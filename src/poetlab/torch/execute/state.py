@@ -11,7 +11,7 @@ import torch
 
 from poetlab.core.schedule import OpKind
 from poetlab.techniques.bittrain import BitmapTensor
-from poetlab.torch.trace import tensors_in
+from poetlab.torch.probes import tensors_in
 from poetlab.torch.execute.result import ExecutionError
 
 if TYPE_CHECKING:

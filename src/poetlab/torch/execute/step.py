@@ -12,7 +12,7 @@ import torch
 from poetlab.core.schedule import Op, OpKind
 from poetlab.techniques.bittrain import as_words, compress, decompress
 from poetlab.torch.paging import PageStore
-from poetlab.torch.trace import tensors_in
+from poetlab.torch.probes import tensors_in
 from poetlab.torch.execute.result import ExecutionError
 from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH, SKIPPED_FREE, Tail, advance_plan
 from poetlab.torch.execute.state import COMPRESSION_OPS, NodeState, copy_buffers, storage_key, set_versions, storages_of

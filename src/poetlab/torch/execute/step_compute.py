@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
-from poetlab.torch.trace import fetch_attr, tensors_in
+from poetlab.torch.probes import fetch_attr, tensors_in
 from poetlab.torch.execute.graphless import GraphlessRun, detached_aliases
 from poetlab.torch.execute.result import ExecutionError
 from poetlab.torch.execute.state import MISSING, copy_buffers, storage_key, pop_saved_hooks, push_saved_hooks, set_versions, storages_of, never_unpacked

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from poetlab.torch.trace import tensors_in
+from poetlab.torch.probes import tensors_in
 from poetlab.torch.execute.result import ExecutionError
 from poetlab.torch.execute.state import PUSHED, PendingRecord, Saved, StorageRecord, storage_key, pop_saved_hooks, push_saved_hooks, storages_of, unpack_unchecked
 
