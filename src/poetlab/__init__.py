@@ -5,6 +5,9 @@ layer list, or :func:`trace` of an ``nn.Module``) give a :class:`CostModel`; pla
 those and budgets into schedules; a simulator checks and costs every schedule.
 """
 
+import sys
+import types
+
 from poetlab.costs import CostModel
 from poetlab.errors import (
     GraphFileError,
@@ -15,7 +18,6 @@ from poetlab.errors import (
     ScheduleFileError,
     UnknownNameError,
 )
-from poetlab.execute import ExecutionError, ExecutionResult, ScheduleExecutor, execute
 from poetlab.graph import Node, TrainingGraph
 from poetlab.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.platforms import Platform, available_platforms, load_platform, load_platform_file
@@ -26,8 +28,12 @@ from poetlab.summary import GraphSummary, summarize_graph
 __version__ = "0.1.0"
 
 # Names that need torch are imported on first use (PEP 562), so that ``import poetlab`` stays light: the
-# HiGHS worker process imports the package for every solve, and torch alone takes seconds to import.
+# CLI and the solver start in well under a second, and torch alone takes seconds to import.
 _LAZY = {
+    "ExecutionError": "poetlab.execute",
+    "ExecutionResult": "poetlab.execute",
+    "ScheduleExecutor": "poetlab.execute",
+    "execute": "poetlab.execute",
     "TraceError": "poetlab.trace",
     "trace": "poetlab.trace",
     "trace_torch_model": "poetlab.trace",
@@ -36,6 +42,19 @@ _LAZY = {
     "ProfileFileError": "poetlab.profile",
     "profile_host": "poetlab.profile",
 }
+
+
+class _Package(types.ModuleType):
+    """The package exports the function ``execute``, whose module has the same name: importing that
+    module (finetune and profile do) must not replace the function by the module on the package."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "execute" and isinstance(value, types.ModuleType):
+            value = value.execute
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> object:

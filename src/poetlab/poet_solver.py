@@ -37,6 +37,9 @@ from poetlab.solvers import SOLVERS, relative_gap, run_milp
 log = logging.getLogger("poetlab.poet_solver")
 
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
+# Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
+# nothing the quick starts do not already give, and the whole solve must end near its limit.
+STAGED_MIN_TIME_LIMIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,7 @@ def solve(
     With both levers allowed and ``staged`` (the default), the two smaller problems (remat only, paging
     only) are solved first with a quarter of the time limit each, and the better of their schedules
     starts POET's MILP for the rest of the time: POET is then never worse than either restriction
-    found, even when its own solve stops at the time limit.
+    found, even when its own solve stops at the time limit. (Not below ``STAGED_MIN_TIME_LIMIT_S``.)
 
     With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
     RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
@@ -245,7 +248,7 @@ def solve(
         if bittrain_sim is not None and (start_sim is None or bittrain_sim.energy_j < start_sim.energy_j):
             log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
             start, start_sim = bittrain, bittrain_sim
-    elif staged and paging and remat:
+    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S:
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,
@@ -264,16 +267,22 @@ def solve(
             continue
         if start_sim is None or given_sim.energy_j < start_sim.energy_j:
             start, start_sim = given, given_sim
+    if start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap:
+        message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
+        log.info(message)
+        return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s))
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
-        start=None if start is None else model.encode(start.matrices().as_dict()),
+        start=None if start is None else model.encode(start.matrices().as_dict()), lower_bound=lower_bound,
     )
     bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
 
     def start_result() -> SolveResult:
         log.info("the solver found nothing better than the start within its time limit; returning that")
         gap = relative_gap(start_sim.energy_j, bound)
+        if gap <= mip_gap:
+            return result("optimal", answer.solver, f"the start schedule is optimal within a relative gap of {mip_gap:g}", start, start_sim, objective=start_sim.energy_j, bound=bound, gap=gap)
         message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
         return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
 
@@ -301,12 +310,13 @@ def solve(
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
     gap = relative_gap(sim.energy_j, bound)
+    status = "optimal" if gap is not None and gap <= mip_gap else answer.status
     message = {
         "optimal": f"optimal within a relative gap of {mip_gap:g}",
         "feasible": "feasible; the solver stopped before proving optimality",
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
-    }.get(answer.status, answer.status)
-    return result(answer.status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
+    }.get(status, status)
+    return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
 
 
 def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) -> tuple[Schedule | None, SimulationResult | None]:
