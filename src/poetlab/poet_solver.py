@@ -271,7 +271,7 @@ def solve(
         message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
         log.info(message)
         return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
-    remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s))
+    remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
         start=None if start is None else model.encode(start.matrices().as_dict()), lower_bound=lower_bound,
