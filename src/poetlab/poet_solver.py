@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from poetlab.bounds import eviction_bound
 from poetlab.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.graph import TrainingGraph
@@ -40,6 +41,7 @@ STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 # Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
 # nothing the quick starts do not already give, and the whole solve must end near its limit.
 STAGED_MIN_TIME_LIMIT_S = 10.0
+BOUNDS = ("eviction", "trivial")
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
     return int(footprint[node]), node
 
 
-def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None) -> None:
+def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None, bound: str = "eviction") -> None:
     if isinstance(ram_budget_bytes, bool) or not isinstance(ram_budget_bytes, numbers.Real) or not (math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
         raise InvalidArgumentError(f"RAM budget must be a positive number of bytes, got {ram_budget_bytes!r}")
     if runtime_budget_factor is not None and not (math.isfinite(runtime_budget_factor) and runtime_budget_factor >= 1):
@@ -113,6 +115,8 @@ def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver:
         raise InvalidArgumentError(f"time limit must be a positive number of seconds, got {time_limit_s!r}")
     if not (0 <= mip_gap < 1):
         raise InvalidArgumentError(f"MIP gap must be in [0, 1), got {mip_gap!r}")
+    if bound not in BOUNDS:
+        raise InvalidArgumentError(f"unknown bound {bound!r}; valid bounds: {', '.join(BOUNDS)}")
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
 
@@ -136,6 +140,7 @@ def solve(
     verbose: bool = False,
     staged: bool = True,
     starts: Sequence[Schedule] = (),
+    bound: str = "eviction",
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
@@ -153,11 +158,15 @@ def solve(
     the answer is never worse than either. (Two time-limited solves are not bit-for-bit repeatable, so a
     separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
+    ``bound``: ``eviction`` (default) proves a lower bound before the MILP (:func:`poetlab.bounds.eviction_bound`:
+    the cheapest regeneration of what the budget cannot hold), which ends the solve as soon as a schedule
+    is within ``mip_gap`` of it; ``trivial`` keeps one plain step's energy, as before it (benchmarks).
+
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
     staged starts. The result is never more expensive than the best start, time limit or not.
     """
-    _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
+    _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads, bound)
     if compression and costs.compression is None:
         raise InvalidArgumentError("compression needs compression costs in the cost model: CostModel.with_compression(compression_costs(...))")
     started = time.perf_counter()
@@ -229,12 +238,15 @@ def solve(
 
     model = build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
+    if bound == "eviction":
+        lower_bound = max(lower_bound, eviction_bound(graph, costs, options))
+    log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay)
     if compression:
         plain = solve(
             graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
             charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
-            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts,
+            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts, bound=bound,
         )
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
@@ -253,7 +265,7 @@ def solve(
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,
                 charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
-                time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, **flags,
+                time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
             )
             found = f"{restricted.energy_j:.10g} J" if restricted.energy_j is not None else "no schedule"
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
