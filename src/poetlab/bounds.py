@@ -1,7 +1,7 @@
 """Lower bounds on the energy of every schedule, proven without solving POET's MILP.
 
 The trivial bound is one plain step: every node is computed at least once. The eviction bound adds
-what the memory budget forces (NOTE 3 in docs/solve.md):
+what the memory budget forces (NOTE 2 in docs/solve.md):
 
 - While stage t computes node t, RAM holds node t's output and its inputs. Any other tensor i < t that
   a later node (> t) reads, and that stays in RAM from the start of stage t to the start of stage t + 1
@@ -33,9 +33,9 @@ from poetlab.milp import MilpOptions
 log = logging.getLogger("poetlab.bounds")
 
 
-def eviction_demands(graph: TrainingGraph, budget_bytes: float, all_stages: bool = False) -> list[tuple[int, np.ndarray, float]]:
+def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[int, np.ndarray, float]]:
     """(stage t, the tensors live across it, the bytes left for them) for each stage t whose live-across
-    tensors do not fit (every stage with some live tensor when ``all_stages``). Stage t's live-across
+    tensors do not fit. Stage t's live-across
     tensors are those before t, not read by t, read after t; what is left is the budget less node t's
     output and inputs."""
     b = graph.output_bytes.astype(float)
@@ -47,7 +47,7 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float, all_stages: bool
         room = budget_bytes - b[t] - b[inputs].sum()
         live = np.flatnonzero(last_use[:t] > t)
         live = live[~np.isin(live, inputs)]
-        if live.size and (all_stages or b[live].sum() > room):
+        if b[live].sum() > room:
             demands.append((t, live, float(room)))
     return demands
 

@@ -68,8 +68,6 @@ class MilpOptions:
     charge_pagein: bool = False
     params_in_budget: bool = False
     compression: bool = False
-    disaggregate: bool = False
-    live_rows: bool = False
 
     @property
     def faithful(self) -> bool:
@@ -324,21 +322,6 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         rows.terms(ids, R[t_idx, k_of], 1.0)
         rows.terms(ids, keep_col, -1.0)
         rows.terms(ids[row_rep], later_cols, -1.0)
-    if options.disaggregate:
-        # NOTE 2 (docs/solve.md): the big-M row, one hazard at a time: FREE <= R[t,k], FREE + S_RAM[t+1,i] <= 1,
-        # FREE + R[t,j] <= 1 for each later consumer j. Same integer points, a tighter relaxation.
-        ids = rows.new(t_idx.size, -INF, 0.0)
-        rows.terms(ids, free_col, 1.0)
-        rows.terms(ids, R[t_idx, k_of], -1.0)
-        kept = keep_col >= 0
-        ids = rows.new(int(kept.sum()), -INF, 1.0)
-        rows.terms(ids, free_col[kept], 1.0)
-        rows.terms(ids, keep_col[kept], 1.0)
-        exists = later_cols >= 0
-        ids = rows.new(int(exists.sum()), -INF, 1.0)
-        rows.terms(ids, free_col[row_rep[exists]], 1.0)
-        rows.terms(ids, later_cols[exists], 1.0)
-
     # (6) memory: U[t, 0] = R[t, 0] b0 + sum_i S_RAM[t, i] b_i (+ M_IN[t, i] b_i when charged)
     #             U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1} - sum_{(i, k)} FREE[t, (i, k)] b_i
     ids = rows.new(T, 0.0, 0.0)
@@ -360,18 +343,6 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     fk = dst[fe]
     has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
     rows.terms(row_of[ft[has_row], fk[has_row]], FREE[ft[has_row], fe[has_row]], b[src[fe[has_row]]])
-
-    if options.live_rows:
-        # NOTE 3 (docs/solve.md): while stage t computes node t, RAM holds its output, its inputs and every
-        # tensor kept from stage t to t + 1 without a recompute or page-in in stage t (nothing frees it):
-        #   sum_{i live across t} b_i (S_RAM[t+1, i] - R[t, i] - M_IN[t, i]) <= budget - b_t - b(inputs of t)
-        from poetlab.bounds import eviction_demands
-
-        for t, live, room in eviction_demands(graph, budget, all_stages=True):
-            ids = rows.new(1, -INF, room)
-            rows.terms(np.full(live.size, ids[0]), S_RAM[t + 1, live], b[live])
-            rows.terms(np.full(live.size, ids[0]), R[t, live], -b[live])
-            rows.terms(np.full(live.size, ids[0]), M_IN[t, live], -b[live])
 
     # (7) runtime: sum R runtime (+ paging time) <= factor * plain-step runtime
     runtime_budget_s = None
