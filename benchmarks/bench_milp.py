@@ -1,7 +1,8 @@
 """MILP benchmark: POET's solve over the public grid of issue 28, the formulation before the eviction
 bound side by side on a subset.
 
-    .venv/bin/python benchmarks/bench_milp.py [--time-limit S] [--old N] [--only SUBSTRING] [--out FILE]
+    git archive d677458 src | tar -x -C /tmp/poetlab-old      # the solver before issue 28, for --old-src
+    .venv/bin/python benchmarks/bench_milp.py [--time-limit S] [--old-src /tmp/poetlab-old/src] [--only SUBSTRING] [--out FILE]
 
 The grid: models vgg16_cifar, resnet18_cifar, resnet18, resnet50, bert, transformer; platforms m4 and
 a72; RAM budgets 0.5 and 0.1 of the way from the smallest single-node footprint to checkpoint-all's
@@ -9,8 +10,9 @@ peak; runtime budgets 1.05x and 1.5x one plain step (48 instances). Each is solv
 ``poetlab.solve`` at ``--mip-gap 1e-3`` with one thread, so a row that ends ``optimal`` gives its time
 to 0.1%; a row that ends ``time_limit`` gives its final gap. Each row also has the root bound (the
 eviction bound of :mod:`poetlab.bounds`, proven before any MILP) over the trivial bound (one plain
-step), and the time it took. The first ``--old`` instances in a fixed spread of the grid are solved
-again with ``bound="trivial"`` (the solver as it was before the bound), in the same run. Rows are
+step), and the time it took. With ``--old-src``, 8 instances in a fixed spread of the grid are solved
+again in the same run by the code before issue 28 (commit d677458, its ``solve`` in a subprocess with
+that tree first on ``PYTHONPATH``: its formulation, its trivial bound, its worker), same options. Rows are
 written after each instance (an interrupted run keeps what it measured), with ``uptime``'s load.
 Results go to experiments/benchmarks/milp.json; docs/solve.md reads them.
 """
@@ -19,10 +21,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import os
 import platform as host
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -75,20 +81,58 @@ def row(model: str, platform_name: str, fraction: float, factor: float, time_lim
     }
 
 
+OLD_RUN = """
+import json, sys, time
+from poetlab import CostModel, build_paper_graph, load_platform, solve
+model, platform_name, ram, factor, limit = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+graph = build_paper_graph(model)
+costs = CostModel.from_flops(graph, load_platform(platform_name))
+started = time.perf_counter()
+r = solve(graph, costs, ram, factor, time_limit_s=limit, threads=1, mip_gap=float(sys.argv[6]))
+print(json.dumps({"status": r.status, "solver": r.solver, "wall_s": time.perf_counter() - started, "energy_j": r.energy_j, "bound_j": r.bound_j, "final_gap": r.mip_gap}))
+"""
+
+
+def old_row(model: str, platform_name: str, fraction: float, factor: float, time_limit_s: float, old_src: str) -> dict[str, object]:
+    """The same instance solved by the code before issue 28 (a subprocess on ``old_src``)."""
+    graph = build_paper_graph(model)
+    costs = CostModel.from_flops(graph, load_platform(platform_name))
+    ram = budget_of(graph, costs, fraction)
+    load_before = load()
+    started = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-c", OLD_RUN, model, platform_name, repr(ram), repr(factor), repr(time_limit_s), repr(MIP_GAP)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": old_src, "POETLAB_PLATFORM_DIR": str(Path("data/platforms").resolve())}, check=True,
+    )
+    wall = time.perf_counter() - started  # with the interpreter's start and its imports (torch, in that code)
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    trivial = costs.plain_step_energy_j
+    return {
+        "model": model, "platform": platform_name, "budget_fraction": fraction, "runtime_budget_factor": factor, "bound": "before issue 28",
+        "n_nodes": graph.n_nodes, "ram_budget_bytes": ram, "status": answer["status"], "solver": answer["solver"],
+        "root_bound_ratio": 1.0, "energy_ratio": (answer["energy_j"] or float("nan")) / trivial, "bound_ratio": (answer["bound_j"] or float("nan")) / trivial,
+        "final_gap": answer["final_gap"], "wall_s": answer["wall_s"], "process_wall_s": wall,
+        "time_to_0.1%_s": answer["wall_s"] if answer["status"] == "optimal" else None, "load_1min_before": load_before, "load_1min_after": load(),
+        "energy_j": answer["energy_j"], "bound_j": answer["bound_j"], "trivial_bound_j": trivial, "time_limit_s": time_limit_s,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--old", type=int, default=len(OLD_SIDE_BY_SIDE), help="how many instances to solve the old way too (default 8)")
+    parser.add_argument("--old-src", default=None, help="a src/ tree of the code before issue 28 (see the docstring); its 8 rows are skipped without it")
     parser.add_argument("--only", default="", help="run only the instances whose label contains this")
     parser.add_argument("--out", default="experiments/benchmarks/milp.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     machine = {"cpu_count": os.cpu_count(), "machine": host.machine(), "python": host.python_version(), "processor": host.processor()}
-    jobs = [(spec, "eviction") for spec in GRID] + [(spec, "trivial") for spec in OLD_SIDE_BY_SIDE[: args.old]]
-    jobs = [(spec, bound) for spec, bound in jobs if args.only in "/".join(map(str, spec))]
+    # each old row right after the new row of the same instance, so both see about the same load
+    jobs = [(spec, kind) for spec in GRID for kind in ("new", "old") if kind == "new" or (args.old_src and spec in OLD_SIDE_BY_SIDE)]
+    jobs = [(spec, kind) for spec, kind in jobs if args.only in "/".join(map(str, spec))]
     rows = []
-    for spec, bound in tqdm(jobs, desc="MILP benchmark"):
-        rows.append(row(*spec, args.time_limit, bound))
+    for spec, kind in tqdm(jobs, desc="MILP benchmark"):
+        rows.append(row(*spec, args.time_limit, "eviction") if kind == "new" else old_row(*spec, args.time_limit, args.old_src))
+        bound = rows[-1]["bound"]
         r = rows[-1]
         tqdm.write(
             f"{'/'.join(map(str, spec))} [{bound}]: {r['status']} in {r['wall_s']:.1f} s, root {r['root_bound_ratio']:.6f}, "

@@ -70,3 +70,24 @@ def test_a_budget_that_holds_everything_proves_nothing():
     graph, costs, peak, _ = _setup("resnet18_cifar", "a72")
     assert eviction_bound(graph, costs, MilpOptions(ram_budget_bytes=peak, runtime_budget_factor=1.2)) == costs.plain_step_energy_j
     assert eviction_bound(graph, costs, MilpOptions(ram_budget_bytes=peak // 2, compression=True)) == costs.plain_step_energy_j
+
+
+def test_cover_schedules_replay_and_start_poet_below_the_greedy_starts():
+    """resnet18_cifar on m4, 10% of the way, 1.05x: the linked cover's schedule replays within both
+    budgets at exactly its covering objective, above the bound, and below every greedy start."""
+    from poetlab.bounds import cover_schedules
+    from poetlab.heuristics import greedy_paging_schedule
+
+    graph, costs, peak, footprint = _setup("resnet18_cifar", "m4")
+    budget = int(footprint + 0.1 * (peak - footprint))
+    options = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.05)
+    runtime_s = 1.05 * costs.plain_step_runtime_s
+    energies = []
+    for schedule in cover_schedules(graph, costs, options):
+        try:
+            energies.append(simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s).energy_j)
+        except Exception:  # the unlinked cover's recomputation chains may break the runtime budget
+            continue
+    assert energies and min(energies) >= eviction_bound(graph, costs, options)
+    greedy = simulate(greedy_paging_schedule(graph, costs, budget), graph, costs, ram_budget_bytes=budget).energy_j
+    assert min(energies) < greedy

@@ -28,7 +28,9 @@ import scipy.sparse as sp
 
 from poetlab.costs import CostModel
 from poetlab.graph import TrainingGraph
+from poetlab.heuristics import minimal_recompute
 from poetlab.milp import MilpOptions
+from poetlab.schedule import Schedule
 
 log = logging.getLogger("poetlab.bounds")
 
@@ -52,27 +54,22 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[in
     return demands
 
 
-def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> float:
-    """A lower bound (J) on the energy of every schedule meeting ``options``' budgets: one plain step plus
-    the cheapest regeneration of the tensors the budget cannot hold across some stage. Returns the
-    trivial bound where the argument does not apply (compression) or proves nothing."""
-    trivial = costs.plain_step_energy_j
-    if options.compression:
-        return trivial
+def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool, time_limit_s: float):
+    """The covering MILP of NOTE 2, or None where no stage is over budget: scipy's result, whose x is
+    (recompute tensor i for i < T, page tensor i for i < T) and whose objective is in plain steps. With
+    ``linked``, a recomputed tensor's inputs are never evicted (rows for a schedule, not for the bound)."""
     budget = float(options.ram_budget_bytes) - (2 * graph.param_bytes if options.params_in_budget else 0)
     demands = eviction_demands(graph, budget)
     if not demands:
-        return trivial
+        return None
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     T = graph.n_nodes
     b = graph.output_bytes.astype(float)
     movable = ~graph.pinned
-    # columns: recompute tensor i (T), page tensor i out and in (T); a lever not allowed costs too much to use
-    recompute = np.where(movable & options.remat, costs.recompute_energy_j, np.inf)
-    page = np.where(movable & options.paging, costs.pagein_energy_j + costs.pageout_energy_j, np.inf)
-    cost = np.concatenate([recompute, page]) / trivial
-    allowed = np.isfinite(cost)
+    # columns: recompute tensor i (T), page tensor i out and in (T); a lever not allowed is fixed at 0
+    cost = np.concatenate([costs.recompute_energy_j, costs.pagein_energy_j + costs.pageout_energy_j]) / costs.plain_step_energy_j
+    allowed = np.concatenate([movable & options.remat, movable & options.paging])
     rows = np.concatenate([np.full(live.size, r) for r, (_, live, _) in enumerate(demands)])
     live_all = np.concatenate([live for _, live, _ in demands])
     cover = sp.csr_matrix((np.tile(b[live_all], 2), (np.tile(rows, 2), np.concatenate([live_all, live_all + T]))), shape=(len(demands), 2 * T))
@@ -81,10 +78,22 @@ def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
         slack = (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s
         uses = np.concatenate([costs.recompute_runtime_s, costs.pagein_time_s + costs.pageout_time_s if options.count_paging_time else np.zeros(T)])
         constraints.append(LinearConstraint(uses[None, :], -np.inf, slack))
-    result = milp(
-        np.where(allowed, cost, 0.0), constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, np.where(allowed, 1.0, 0.0)),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6},
-    )
+    if linked:  # recompute i  +  evict j  <= 1  for each input j of i
+        edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
+        n = len(edges)
+        link = sp.csr_matrix((np.ones(3 * n), (np.repeat(np.arange(n), 3), np.stack([edges[:, 1], edges[:, 0], edges[:, 0] + T], axis=1).ravel())), shape=(n, 2 * T))
+        constraints.append(LinearConstraint(link, -np.inf, 1.0))
+    return milp(cost, constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, allowed.astype(float)), options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
+
+
+def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> float:
+    """A lower bound (J) on the energy of every schedule meeting ``options``' budgets: one plain step plus
+    the cheapest regeneration of the tensors the budget cannot hold across some stage. Returns the
+    trivial bound where the argument does not apply (compression) or proves nothing."""
+    trivial = costs.plain_step_energy_j
+    result = None if options.compression else _cover(graph, costs, options, linked=False, time_limit_s=time_limit_s)
+    if result is None:
+        return trivial
     if result.status == 2:  # no regeneration meets the budgets: the MILP will say so with its reasons
         log.info("eviction bound: the covering problem is infeasible")
         return trivial
@@ -92,3 +101,43 @@ def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     if extra is None or not np.isfinite(extra):
         return trivial
     return trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9))
+
+
+def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> list[Schedule]:
+    """Schedules built from the covering problem's solutions (quick starts for the MILP): each chosen
+    tensor leaves RAM over the longest idle interval between two of its uses, paged out after the first
+    and in before the second, or recomputed where it is next needed (with what that needs). Solved
+    twice: as for the bound, and ``linked`` (a recomputed tensor's inputs stay), whose schedule costs
+    exactly its objective. The caller replays them; those over the budgets are dropped there."""
+    if options.compression or options.charge_pagein:
+        return []
+    schedules = []
+    for linked in (False, True):
+        result = _cover(graph, costs, options, linked=linked, time_limit_s=time_limit_s)
+        if result is None or result.x is None:
+            continue
+        T = graph.n_nodes
+        chosen = np.asarray(result.x).round().astype(bool)
+        schedules.append(_evict(graph, chosen[:T], chosen[T:]))
+    return schedules
+
+
+def _evict(graph: TrainingGraph, recompute: np.ndarray, page: np.ndarray) -> Schedule:
+    """Checkpoint-all, less the chosen tensors over their longest idle interval."""
+    T = graph.n_nodes
+    uses = [sorted(set(users)) for users in graph.consumers]
+    stage = np.arange(T)
+    last_use = np.array([u[-1] if u else i for i, u in enumerate(uses)])
+    S_RAM = (stage[None, :] < stage[:, None]) & (last_use[None, :] >= stage[:, None])
+    S_SSD, M_IN, M_OUT = (np.zeros((T, T), dtype=bool) for _ in range(3))
+    for i in np.flatnonzero(recompute | page):
+        points = [int(i), *uses[i]]
+        k = int(np.argmax(np.diff(points))) if len(points) > 1 else 0
+        previous, following = points[k], points[min(k + 1, len(points) - 1)]
+        if page[i] and following - previous >= 3:  # out in stage previous + 1, in during stage following - 1
+            S_RAM[previous + 2 : following, i] = False
+            M_OUT[previous + 1, i] = M_IN[following - 1, i] = True
+            S_SSD[previous + 2 : following, i] = True
+        elif recompute[i] and following > previous:
+            S_RAM[previous + 1 : following + 1, i] = False  # recomputed in stage `following`
+    return Schedule.from_matrices(graph, minimal_recompute(graph, S_RAM, M_IN), S_RAM, S_SSD, M_IN, M_OUT)

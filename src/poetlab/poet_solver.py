@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poetlab.bounds import eviction_bound
+from poetlab.bounds import cover_schedules, eviction_bound
 from poetlab.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.graph import TrainingGraph
@@ -241,7 +241,7 @@ def solve(
     if bound == "eviction":
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay)
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers=bound == "eviction")
     for given in starts:
         try:
             given_sim = replay(given)
@@ -337,10 +337,10 @@ def solve(
     return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
 
 
-def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) -> tuple[Schedule | None, SimulationResult | None]:
+def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, covers: bool = True) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
-    or (None, None): greedy paging, greedy remat, and the dynamic planners DTR (remat) and Capuchin
-    (remat and paging), which take milliseconds and are often close to the optimum at tight budgets,
+    or (None, None): greedy paging, greedy remat, the dynamic planners DTR (remat) and Capuchin
+    (remat and paging), and the eviction bound's covers made into schedules, which take milliseconds and are often close to the optimum at tight budgets,
     where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
     to improve on the best of them; the methods stay independent baselines in the comparison too."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
@@ -357,6 +357,8 @@ def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) ->
         candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
     if options.remat and options.paging:
         candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
+    if covers:  # the eviction bound's choices made into schedules (:func:`poetlab.bounds.cover_schedules`)
+        candidates.extend((f"eviction cover {k}", lambda made=made: made) for k, made in enumerate(cover_schedules(graph, costs, options)))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
     for name, make in candidates:
         try:
