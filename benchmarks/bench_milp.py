@@ -14,7 +14,7 @@ step), and the time it took. With ``--old-src``, 8 instances in a fixed spread o
 again in the same run by the code before issue 28 (commit d677458, its ``solve`` in a subprocess with
 that tree first on ``PYTHONPATH``: its formulation, its trivial bound, its worker), same options. Rows are
 written after each instance (an interrupted run keeps what it measured), with ``uptime``'s load.
-Results go to experiments/benchmarks/milp.json; docs/solve.md reads them.
+Results go to experiments/benchmarks/milp.json; ``bench_milp.py --markdown FILE`` prints docs/solve.md's table.
 """
 
 from __future__ import annotations
@@ -117,7 +117,49 @@ def old_row(model: str, platform_name: str, fraction: float, factor: float, time
     }
 
 
+def markdown(path: str) -> str:
+    """The table of docs/solve.md from a results file: one line per instance, the old rows beside."""
+    import math
+    import statistics
+
+    data = json.loads(Path(path).read_text())
+    rows = data["instances"]
+    limit = data["time_limit_s"]
+    old = {(r["model"], r["platform"], r["budget_fraction"], r["runtime_budget_factor"]): r for r in rows if r["bound"] != "eviction"}
+    out = [
+        "| model | platform | budget | runtime | root bound / trivial | status | time to 0.1% (s) | final gap | energy / trivial | load | before issue 28: status, time (s), gap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(value, fmt):
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+    new_rows = [r for r in rows if r["bound"] == "eviction"]
+    for r in new_rows:
+        key = (r["model"], r["platform"], r["budget_fraction"], r["runtime_budget_factor"])
+        before = old.get(key)
+        was = f"{before['status']}, {before['wall_s']:.1f}, {cell(before['final_gap'], '.3%')}" if before else ""
+        out.append(
+            f"| {r['model']} | {r['platform']} | {r['budget_fraction']} | {r['runtime_budget_factor']} | {r['root_bound_ratio']:.6f} | {r['status']} | "
+            f"{cell(r['time_to_0.1%_s'], '.1f')} | {cell(r['final_gap'], '.3%')} | {cell(r['energy_ratio'], '.6f')} | {r['load_1min_before']:.1f} | {was} |"
+        )
+    certified = [r for r in new_rows if r["status"] == "optimal"]
+    above = [r for r in new_rows if r["root_bound_ratio"] > 1 + 1e-9]
+    paired = [(r, old[k]) for r in new_rows if (k := (r["model"], r["platform"], r["budget_fraction"], r["runtime_budget_factor"])) in old]
+    censored = lambda r: r["time_to_0.1%_s"] if r["time_to_0.1%_s"] is not None else math.inf  # noqa: E731
+    out.append("")
+    out.append(f"{len(certified)} of {len(new_rows)} instances certified within 0.1% in at most {limit:g} s; root bound above the trivial one on {len(above)} of {len(new_rows)}.")
+    if paired:
+        new_median = statistics.median(censored(r) for r, _ in paired)
+        old_median = statistics.median(censored(o) for _, o in paired)
+        out.append(f"On the {len(paired)} side-by-side instances, median time to 0.1%: {new_median:.2f} s now, {old_median if math.isfinite(old_median) else f'over {limit:g}'} s before (a row not certified counts as infinite).")
+    return "\n".join(out)
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--markdown":
+        print(markdown(sys.argv[2]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--old-src", default=None, help="a src/ tree of the code before issue 28 (see the docstring); its 8 rows are skipped without it")

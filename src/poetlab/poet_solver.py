@@ -8,8 +8,10 @@ The steps, each cheap before the expensive one:
 3. Every node must be computed at least once, so the energy of one plain step is a lower bound for
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
-4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
-   and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`) so
+4. Otherwise prove the eviction bound (:mod:`poetlab.bounds`); a quick schedule within the gap of it is
+   optimal. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   and greedy remat from :mod:`poetlab.heuristics`, DTR and Capuchin from :mod:`poetlab.baselines`, the
+   bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
    schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
    the solver's own objective is kept only to show that the two agree.
@@ -294,15 +296,15 @@ def solve(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
         start=None if start is None else model.encode(start.matrices().as_dict()), lower_bound=lower_bound,
     )
-    bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
+    best_bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
 
     def start_result() -> SolveResult:
         log.info("the solver found nothing better than the start within its time limit; returning that")
-        gap = relative_gap(start_sim.energy_j, bound)
+        gap = relative_gap(start_sim.energy_j, best_bound)
         if gap <= mip_gap:
-            return result("optimal", answer.solver, f"the start schedule is optimal within a relative gap of {mip_gap:g}", start, start_sim, objective=start_sim.energy_j, bound=bound, gap=gap)
+            return result("optimal", answer.solver, f"the start schedule is optimal within a relative gap of {mip_gap:g}", start, start_sim, objective=start_sim.energy_j, bound=best_bound, gap=gap)
         message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
-        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
+        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=best_bound, gap=gap)
 
     if answer.x is None and start is not None and answer.status != "infeasible":
         return start_result()
@@ -316,7 +318,7 @@ def solve(
             )
         else:
             message = f"no schedule found within the {time_limit_s:g} s time limit; raise --time-limit"
-        return result(answer.status, answer.solver, message, bound=bound)
+        return result(answer.status, answer.solver, message, bound=best_bound)
     matrices = model.decode(answer.x)
     schedule = Schedule.from_matrices(graph, prefetch=charge_pagein, **matrices)
     try:
@@ -327,14 +329,14 @@ def solve(
         return start_result()  # the solver did not keep the start (one it could not encode) as its incumbent
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
-    gap = relative_gap(sim.energy_j, bound)
+    gap = relative_gap(sim.energy_j, best_bound)
     status = "optimal" if gap is not None and gap <= mip_gap else answer.status
     message = {
         "optimal": f"optimal within a relative gap of {mip_gap:g}",
         "feasible": "feasible; the solver stopped before proving optimality",
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
     }.get(status, status)
-    return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
+    return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
 
 
 def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, covers: bool = True) -> tuple[Schedule | None, SimulationResult | None]:
