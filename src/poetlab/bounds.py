@@ -54,7 +54,7 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[in
     return demands
 
 
-def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool, time_limit_s: float):
+def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool, time_limit_s: float, gap: float = 1e-6):
     """The covering MILP of NOTE 2, or None where no stage is over budget: scipy's result, whose x is
     (recompute tensor i for i < T, page tensor i for i < T) and whose objective is in plain steps. With
     ``linked``, a recomputed tensor's inputs are never evicted (rows for a schedule, not for the bound)."""
@@ -83,7 +83,7 @@ def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked:
         n = len(edges)
         link = sp.csr_matrix((np.ones(3 * n), (np.repeat(np.arange(n), 3), np.stack([edges[:, 1], edges[:, 0], edges[:, 0] + T], axis=1).ravel())), shape=(n, 2 * T))
         constraints.append(LinearConstraint(link, -np.inf, 1.0))
-    return milp(cost, constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, allowed.astype(float)), options={"time_limit": time_limit_s, "mip_rel_gap": 1e-6})
+    return milp(cost, constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, allowed.astype(float)), options={"time_limit": time_limit_s, "mip_rel_gap": gap})
 
 
 def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> float:
@@ -103,7 +103,7 @@ def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     return trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9))
 
 
-def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> list[Schedule]:
+def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 2.0) -> list[Schedule]:
     """Schedules built from the covering problem's solutions (quick starts for the MILP): each chosen
     tensor leaves RAM over the longest idle interval between two of its uses, paged out after the first
     and in before the second, or recomputed where it is next needed (with what that needs). Solved
@@ -113,7 +113,7 @@ def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions
         return []
     schedules = []
     for linked in (False, True):
-        result = _cover(graph, costs, options, linked=linked, time_limit_s=time_limit_s)
+        result = _cover(graph, costs, options, linked=linked, time_limit_s=time_limit_s, gap=1e-3)
         if result is None or result.x is None:
             continue
         T = graph.n_nodes

@@ -241,9 +241,9 @@ def solve(
     model = build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     if bound == "eviction":
-        lower_bound = max(lower_bound, eviction_bound(graph, costs, options))
+        lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers=bound == "eviction")
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -339,7 +339,7 @@ def solve(
     return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
 
 
-def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, covers: bool = True) -> tuple[Schedule | None, SimulationResult | None]:
+def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
     or (None, None): greedy paging, greedy remat, the dynamic planners DTR (remat) and Capuchin
     (remat and paging), and the eviction bound's covers made into schedules, which take milliseconds and are often close to the optimum at tight budgets,
@@ -359,8 +359,8 @@ def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, co
         candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
     if options.remat and options.paging:
         candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
-    if covers:  # the eviction bound's choices made into schedules (:func:`poetlab.bounds.cover_schedules`)
-        candidates.extend((f"eviction cover {k}", lambda made=made: made) for k, made in enumerate(cover_schedules(graph, costs, options)))
+    if covers_s > 0:  # the eviction bound's choices made into schedules (:func:`poetlab.bounds.cover_schedules`), each solved within covers_s
+        candidates.extend((f"eviction cover {k}", lambda made=made: made) for k, made in enumerate(cover_schedules(graph, costs, options, covers_s)))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
     for name, make in candidates:
         try:
