@@ -37,9 +37,8 @@ log = logging.getLogger("poetlab.bounds")
 
 def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[int, np.ndarray, float]]:
     """(stage t, the tensors live across it, the bytes left for them) for each stage t whose live-across
-    tensors do not fit. Stage t's live-across
-    tensors are those before t, not read by t, read after t; what is left is the budget less node t's
-    output and inputs."""
+    tensors do not fit. Stage t's live-across tensors are those before t, not read by t, read after t;
+    what is left is the budget less node t's output and inputs."""
     b = graph.output_bytes.astype(float)
     T = graph.n_nodes
     last_use = np.array([max(users) if users else -1 for users in graph.consumers])

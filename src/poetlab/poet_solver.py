@@ -238,12 +238,10 @@ def solve(
         log.info(message)
         return result("optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=lower_bound, gap=0.0)
 
-    model = build_milp(graph, costs, options)
-    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     if bound == "eviction":
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0)
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -291,6 +289,8 @@ def solve(
         message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
         log.info(message)
         return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
+    model = build_milp(graph, costs, options)
+    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
@@ -339,12 +339,15 @@ def solve(
     return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
 
 
-def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0) -> tuple[Schedule | None, SimulationResult | None]:
+def _best_start(
+    graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf
+) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
-    or (None, None): greedy paging, greedy remat, the dynamic planners DTR (remat) and Capuchin
-    (remat and paging), and the eviction bound's covers made into schedules, which take milliseconds and are often close to the optimum at tight budgets,
-    where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
-    to improve on the best of them; the methods stay independent baselines in the comparison too."""
+    or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
+    DTR and greedy remat (remat), Capuchin (remat and paging). Each takes milliseconds to a second and
+    they are often close to the optimum at tight budgets, where HiGHS can spend its whole time limit
+    before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
+    once one start exists. The methods stay independent baselines in the comparison too."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.baselines import capuchin, dtr
     from poetlab.baselines.base import Budgets, CannotMeetBudget
@@ -353,28 +356,36 @@ def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay, co
     budgets = Budgets(budget, options.runtime_budget_factor)
     candidates = []
     if options.paging:
-        candidates.append(("greedy paging", lambda: greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
-    if options.remat:
-        candidates.append(("greedy remat", lambda: greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
-        candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
-    if options.remat and options.paging:
-        candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
+        candidates.append(("greedy paging", lambda: [greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)]))
     if covers_s > 0:  # the eviction bound's choices made into schedules (:func:`poetlab.bounds.cover_schedules`), each solved within covers_s
-        candidates.extend((f"eviction cover {k}", lambda made=made: made) for k, made in enumerate(cover_schedules(graph, costs, options, covers_s)))
+        candidates.append(("eviction cover", lambda: cover_schedules(graph, costs, options, covers_s)))
+    if options.remat:
+        candidates.append(("DTR", lambda: [dtr.plan(graph, costs, budgets)]))
+        candidates.append(("greedy remat", lambda: [greedy_remat_schedule(graph, costs, budget, runtime_budget_s)]))
+    if options.remat and options.paging:
+        candidates.append(("Capuchin", lambda: [capuchin.plan(graph, costs, budgets)]))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
     for name, make in candidates:
+        if best[0] is not None and time.perf_counter() > deadline:
+            log.info("time limit reached: the %s start and those after it are skipped", name)
+            break
         try:
-            schedule = make()
+            made = make()
         except CannotMeetBudget:
-            schedule = None
-        if schedule is None:
             continue
-        try:
-            sim = replay(schedule)
-        except InvalidScheduleError as exc:
-            log.info("%s start does not replay (%s)", name, exc)
-            continue
-        log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
-        if best[1] is None or sim.energy_j < best[1].energy_j:
-            best = (schedule, sim)
+        for schedule in made:
+            best = _better(best, name, schedule, replay)
     return best
+
+
+def _better(best, name: str, schedule: Schedule | None, replay) -> tuple[Schedule | None, SimulationResult | None]:
+    """``best`` or ``schedule``, whichever replays within the budgets at the lower energy."""
+    if schedule is None:
+        return best
+    try:
+        sim = replay(schedule)
+    except InvalidScheduleError as exc:
+        log.info("%s start does not replay (%s)", name, exc)
+        return best
+    log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
+    return (schedule, sim) if best[1] is None or sim.energy_j < best[1].energy_j else best

@@ -34,7 +34,7 @@ log = logging.getLogger("poetlab.solvers")
 SOLVERS = ("auto", "highs", "gurobi")
 #: the size-limited license bundled with the gurobipy wheel
 GUROBI_SIZE_LIMIT = 2000
-_GRACE_S = 1.0  # past its time limit, HiGHS gets this long (or a tenth of the limit) before it is killed
+_GRACE_S = 0.5  # past its time limit, HiGHS gets this long (or a tenth of the limit) before it is killed
 
 
 class SolverUnavailableError(PoetlabError):
