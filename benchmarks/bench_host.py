@@ -26,7 +26,8 @@ from pathlib import Path
 
 from poetlab import CostModel, available_platforms, load_platform
 from poetlab.core.files import write_json_atomic, write_text_atomic
-from poetlab.planners.poet.solver import min_footprint_bytes, solve
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.planners.poet.solver import solve
 from poetlab.torch.host_profile import HostProfile, default_profile_path
 from poetlab.torch.profile import profile_host
 from poetlab.core.schedule import checkpoint_all_schedule, simulate

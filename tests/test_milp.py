@@ -11,7 +11,7 @@ import pytest
 from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule, minimal_recompute
 from poetlab.planners.poet.milp import MilpOptions, build_milp
-from poetlab.planners.poet.solver import min_footprint_bytes
+from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 
 from small_graphs import residual
@@ -124,3 +124,21 @@ def test_reruns_priced_apart_cost_the_same_in_the_milp_as_in_the_simulator():
     below = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor * (1 - 1e-3), paging=False)
     assert not _feasible(build_milp(graph, costs, below), x)[0]
     assert _feasible(build_milp(graph, flops, below), x)[0]
+
+
+@pytest.mark.parametrize("model_name,platform,budget,factor", [("linear", "m4", 3800, 1.2), ("linear", "a72", 3300, 1.05), ("residual", "m0", 0.7, 1.5)])
+def test_faithful_mode_has_the_release_formulations_optimum(model_name, platform, budget, factor):
+    """Faithful mode and the release's MILP transcribed row by row (tests/release_milp.py: duplicate edge,
+    rows past each stage, wider big-M) certify the same optimum at a gap of 1e-6."""
+    from poetlab.planners.poet.backends import run_milp
+    from release_milp import solve_release_milp
+
+    graph = residual() if model_name == "residual" else build_paper_graph(model_name)
+    costs = CostModel.from_flops(graph, load_platform(platform))
+    if budget < 1:
+        budget = max(min_footprint_bytes(graph)[0], int(budget * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes))
+    status, release, release_bound = solve_release_milp(graph, costs, budget, factor, mip_gap=1e-6)
+    ours = run_milp(build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor)), solver="highs", mip_gap=1e-6, threads=1)
+    assert status == "Optimal" and ours.status == "optimal"
+    assert release > costs.plain_step_energy_j * (1 + 1e-6)  # the budget binds
+    assert ours.objective == pytest.approx(release, rel=1e-6)

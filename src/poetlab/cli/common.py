@@ -47,18 +47,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
-    """A paper model's layer-list graph, or a torch model's traced graph."""
+    """A paper model's layer-list graph, or a torch model's traced graph (torch imported only then)."""
+    if model in PAPER_MODELS:
+        if fuse:
+            raise InvalidArgumentError(f"--fuse applies to traced torch models; {model} is a paper model (try {model}_torch)")
+        return build_paper_graph(model, batch_size)
     from poetlab.torch.models import TORCH_MODELS
 
     if model in TORCH_MODELS:
         from poetlab.torch.trace import trace_torch_model
 
         return trace_torch_model(model, batch_size, fuse=fuse)
-    if model not in PAPER_MODELS:
-        raise UnknownNameError("model", model, [*PAPER_MODELS, *TORCH_MODELS])
-    if fuse:
-        raise InvalidArgumentError(f"--fuse applies to traced torch models; {model} is a paper model (try {model}_torch)")
-    return build_paper_graph(model, batch_size)
+    raise UnknownNameError("model", model, [*PAPER_MODELS, *TORCH_MODELS])
 
 
 def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:

@@ -90,15 +90,16 @@ def greedy_paging_schedule(
     return Schedule.from_matrices(graph, np.eye(T, dtype=bool), S_RAM, S_SSD, M_IN, M_OUT, prefetch=prefetch)
 
 
-def minimal_recompute(graph: TrainingGraph, S_RAM: np.ndarray) -> np.ndarray:
+def minimal_recompute(graph: TrainingGraph, S_RAM: np.ndarray, M_IN: np.ndarray | None = None) -> np.ndarray:
     """The fewest recomputations that make ``S_RAM`` (what each stage holds) consistent: stage t
-    computes node t, every tensor S_RAM[t + 1] keeps that S_RAM[t] does not hold, and, going backwards,
-    every node that a node computed in stage t reads and S_RAM[t] does not hold (Checkmate's R for a
-    given S)."""
+    computes node t, every tensor S_RAM[t + 1] keeps that S_RAM[t] does not hold (unless ``M_IN`` pages
+    it in during stage t), and, going backwards, every node that a node computed in stage t reads and
+    S_RAM[t] does not hold (Checkmate's R for a given S)."""
     T = graph.n_nodes
     S_RAM = np.asarray(S_RAM, dtype=bool)
     R = np.eye(T, dtype=bool)
-    R[:-1] |= S_RAM[1:T] & ~S_RAM[:-1]
+    arrives = S_RAM[1:T] & ~S_RAM[:-1]
+    R[:-1] |= arrives if M_IN is None else arrives & ~np.asarray(M_IN, dtype=bool)[:-1]
     inputs = [sorted(set(node.inputs)) for node in graph.nodes]
     for t in range(T):
         for v in range(t, -1, -1):

@@ -1,10 +1,14 @@
-"""The HiGHS child process (``python -m poetlab.planners.poet._highs_worker``).
+"""The HiGHS child process, run as a script in isolated mode: ``python -I path/to/_highs_worker.py``.
 
-Reads one pickled request on stdin: (MilpModel, time_limit_s, mip_gap, threads, verbose, start), where
-start is a feasible solution vector (a MIP start) or None. Writes
-length-prefixed pickled messages on the file descriptor that was stdout: ('incumbent', objective, x)
-for each improving solution and ('done', status, objective, bound, x) at the end. HiGHS's own console
-output goes to stderr, so it can never corrupt the message stream.
+It imports numpy and highspy only, never poetlab (whose package would pull its dependencies into every
+solve) and never the current directory (``-I``: no script directory, working directory or
+``PYTHONPATH`` on ``sys.path``, so a folder named like a package cannot stand in for it).
+
+Reads one pickled request (a dict of plain numpy arrays and numbers, see ``request`` in
+:func:`poetlab.planners.poet.backends._solve_highs`) on stdin. Writes length-prefixed pickled messages on the file
+descriptor that was stdout: ('incumbent', objective, x) for each improving solution and
+('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
+never corrupt the message stream; the parent keeps stderr's last line to explain a worker that died.
 """
 
 from __future__ import annotations
@@ -27,32 +31,33 @@ def main() -> None:
     request = pickle.load(sys.stdin.buffer)
     messages = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed from here on (HiGHS's log) goes to stderr
-    model, time_limit_s, mip_gap, threads, verbose, start = request
 
     import highspy
 
     h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(verbose))
-    h.setOptionValue("time_limit", float(time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(mip_gap))
+    h.setOptionValue("output_flag", bool(request["verbose"]))
+    h.setOptionValue("time_limit", float(request["time_limit_s"]))
+    h.setOptionValue("mip_rel_gap", float(request["mip_gap"]))
+    h.setOptionValue("mip_abs_gap", 0.0)  # the relative gap alone decides (the objective arrives scaled near 1)
     h.setOptionValue("random_seed", 0)
-    if threads:
-        h.setOptionValue("threads", int(threads))
-    A = model.A.tocsc()
+    for name, value in request.get("options", {}).items():
+        h.setOptionValue(name, value)
+    if request["threads"]:
+        h.setOptionValue("threads", int(request["threads"]))
+    n_cols, n_rows = len(request["c"]), len(request["row_lower"])
     lp = highspy.HighsLp()
-    lp.num_col_ = model.n_cols
-    lp.num_row_ = model.n_rows
-    lp.col_cost_ = model.c
-    lp.col_lower_ = model.col_lower
-    lp.col_upper_ = model.col_upper
-    lp.row_lower_ = np.where(np.isfinite(model.row_lower), model.row_lower, -highspy.kHighsInf)
-    lp.row_upper_ = np.where(np.isfinite(model.row_upper), model.row_upper, highspy.kHighsInf)
+    lp.num_col_ = n_cols
+    lp.num_row_ = n_rows
+    lp.col_cost_ = request["c"]
+    lp.col_lower_ = request["col_lower"]
+    lp.col_upper_ = request["col_upper"]
+    lp.row_lower_ = np.where(np.isfinite(request["row_lower"]), request["row_lower"], -highspy.kHighsInf)
+    lp.row_upper_ = np.where(np.isfinite(request["row_upper"]), request["row_upper"], highspy.kHighsInf)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = A.indptr
-    lp.a_matrix_.index_ = A.indices
-    lp.a_matrix_.value_ = A.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous for flag in model.integer]
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = request["A_csc"]
+    lp.integrality_ = [highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous for flag in request["integer"]]
     h.passModel(lp)
+    start = request["start"]
     if start is not None:
         h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=np.float64))
 

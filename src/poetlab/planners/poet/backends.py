@@ -1,7 +1,7 @@
 """MILP backends behind one interface: HiGHS (default, always available) and Gurobi (when licensed).
 
 ``run_milp(model, solver=...)`` returns a :class:`MilpSolution` whatever the backend. HiGHS runs in a
-child process (``python -m poetlab.planners.poet._highs_worker``) that streams every improving solution back, and the parent kills it if it outlives its
+child process (``python -I .../_highs_worker.py``, numpy and highspy only) that streams every improving solution back, and the parent kills it if it outlives its
 time limit: HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
 it), and a solve that must end has to be stoppable from outside. Gurobi honours its limit and runs
 in-process.
@@ -9,6 +9,8 @@ in-process.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import logging
 import pickle
@@ -19,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -31,7 +34,7 @@ log = logging.getLogger("poetlab.solvers")
 SOLVERS = ("auto", "highs", "gurobi")
 #: the size-limited license bundled with the gurobipy wheel
 GUROBI_SIZE_LIMIT = 2000
-_GRACE_S = 5.0
+_GRACE_S = 0.5  # past its time limit, HiGHS gets this long (or a tenth of the limit) before it is killed
 
 
 class SolverUnavailableError(PoetlabError):
@@ -105,7 +108,9 @@ def choose_solver(model: MilpModel, solver: str) -> str:
     return "highs"
 
 
-def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None) -> MilpSolution:
+def _solve_gurobi(
+    model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None, stop_at: float | None = None
+) -> MilpSolution:
     import gurobipy as gp
     from gurobipy import GRB
 
@@ -125,6 +130,8 @@ def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads
         m.Params.TimeLimit = time_limit_s
         m.Params.MIPGap = mip_gap
         m.Params.Seed = 0
+        if stop_at is not None:
+            m.Params.BestObjStop = stop_at  # an incumbent this good is optimal by the caller's bound
         if threads:
             m.Params.Threads = threads
         m.optimize()
@@ -134,13 +141,16 @@ def _solve_gurobi(model: MilpModel, time_limit_s: float, mip_gap: float, threads
         has = m.SolCount > 0
         objective = float(m.ObjVal) if has else None
         bound = float(m.ObjBound) if m.IsMIP else objective
-        status = "optimal" if m.Status == GRB.OPTIMAL else ("time_limit" if m.Status == GRB.TIME_LIMIT else "feasible")
+        status = "optimal" if m.Status in (GRB.OPTIMAL, GRB.USER_OBJ_LIMIT) else ("time_limit" if m.Status == GRB.TIME_LIMIT else "feasible")
         if not has and status != "time_limit":
             status = "infeasible"
         return MilpSolution(status, "gurobi", np.array(x.X) if has else None, objective, bound, relative_gap(objective, bound) if has else None, elapsed)
 
 
 # ---- HiGHS ------------------------------------------------------------------------------------
+_WORKER = Path(__file__).with_name("_highs_worker.py")
+
+
 def _read_messages(stream, inbox: queue.Queue) -> None:
     """Reader thread: length-prefixed pickles from the worker into ``inbox``; None at end of stream."""
     try:
@@ -153,26 +163,50 @@ def _read_messages(stream, inbox: queue.Queue) -> None:
         inbox.put(None)
 
 
-def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None) -> MilpSolution:
+def _read_stderr(stream, tail: collections.deque, echo: bool) -> None:
+    """Reader thread: the worker's stderr (HiGHS's log when verbose), echoed when asked; the last
+    lines kept to explain a worker that dies."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode(errors="replace").rstrip()
+        if line:
+            tail.append(line)
+        if echo:
+            print(line, file=sys.stderr)
+
+
+def _solve_highs(
+    model: MilpModel, time_limit_s: float, mip_gap: float, threads: int | None, verbose: bool, start: np.ndarray | None,
+    stop_at: float | None = None, options: dict | None = None,
+) -> MilpSolution:
+    """HiGHS in a worker process (``python -I``, imports numpy and highspy only), killed if it outlives
+    its time limit. ``stop_at``: an objective value that proves optimality within ``mip_gap`` (from a
+    bound the solver does not know): an incumbent at or below it ends the solve as optimal."""
     started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "poetlab.planners.poet._highs_worker"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=None if verbose else subprocess.DEVNULL,
-    )
+    process = subprocess.Popen([sys.executable, "-I", str(_WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     inbox: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=_read_messages, args=(process.stdout, inbox), daemon=True)
-    reader.start()
+    tail: collections.deque = collections.deque(maxlen=5)
+    readers = [
+        threading.Thread(target=_read_messages, args=(process.stdout, inbox), daemon=True),
+        threading.Thread(target=_read_stderr, args=(process.stderr, tail, verbose), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     deadline = started + time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
     best_objective: float | None = None
     best_x: np.ndarray | None = None
     final = None
+    killed = False
+    A = model.A.tocsc()
+    request = {
+        "c": model.c, "A_csc": (A.indptr, A.indices, A.data), "row_lower": model.row_lower, "row_upper": model.row_upper,
+        "col_lower": model.col_lower, "col_upper": model.col_upper, "integer": model.integer, "time_limit_s": time_limit_s,
+        "mip_gap": mip_gap, "threads": threads, "verbose": verbose, "start": start, "options": options or {},
+    }
     # elapsed seconds against the time limit, and the best energy so far; silent when not on a terminal
     progress = tqdm(total=round(time_limit_s), unit="s", desc="HiGHS", leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
     try:
         try:
-            pickle.dump((model, time_limit_s, mip_gap, threads, verbose, start), process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(request, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             process.stdin.close()
         except BrokenPipeError:
             pass
@@ -180,6 +214,7 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 log.warning("HiGHS ignored its %g s time limit; stopped it and kept the best solution so far", time_limit_s)
+                killed = True
                 break
             progress.n = min(time.perf_counter() - started, progress.total)
             progress.refresh()
@@ -192,7 +227,10 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
             if message[0] == "incumbent":
                 if best_objective is None or message[1] < best_objective:
                     best_objective, best_x = message[1], message[2]
-                    progress.set_postfix_str(f"best {best_objective:.8g} J")
+                    progress.set_postfix_str(f"best {best_objective:.8g}")
+                if stop_at is not None and best_objective <= stop_at:
+                    final = ("done", "optimal", best_objective, None, best_x)  # the caller's bound proves it
+                    break
             else:
                 final = message
     finally:
@@ -200,11 +238,13 @@ def _solve_highs(model: MilpModel, time_limit_s: float, mip_gap: float, threads:
         if process.poll() is None:
             process.kill()
         process.wait()
-        reader.join(timeout=5)
+        for reader in readers:
+            reader.join(timeout=5)
     elapsed = time.perf_counter() - started
     if final is None:
-        if process.returncode not in (0, -9) and best_x is None:
-            raise PoetlabError(f"the HiGHS process failed (exit code {process.returncode}); run with --verbose to see its log")
+        if not killed:
+            why = tail[-1] if tail else "no output on stderr"
+            raise PoetlabError(f"the HiGHS worker exited (code {process.returncode}) without an answer: {why}")
         return MilpSolution("time_limit", "highs", best_x, best_objective, None, None, elapsed)
     _, status, objective, bound, x = final
     if status.startswith("error"):
@@ -224,9 +264,28 @@ def run_milp(
     threads: int | None = None,
     verbose: bool = False,
     start: np.ndarray | None = None,
+    lower_bound: float | None = None,
 ) -> MilpSolution:
     """Solve ``model`` with the chosen backend (``auto``: Gurobi when its license covers the model),
-    from the feasible solution ``start`` where one is given."""
+    from the feasible solution ``start`` where one is given.
+
+    The backends see the objective divided by :attr:`MilpModel.energy_scale` (one plain step's energy), so
+    that their absolute tolerances mean the same on every platform (in joules, an objective of 1e-4 J sits
+    inside HiGHS's default absolute gap; NOTE 1 in docs/solve.md). ``lower_bound`` is a bound proven
+    elsewhere (the caller's): it raises the reported bound, and a solution within ``mip_gap`` of it ends
+    the solve as optimal."""
     backend = choose_solver(model, solver)
-    solve_with = _solve_gurobi if backend == "gurobi" else _solve_highs
-    return solve_with(model, time_limit_s, mip_gap, threads, verbose, start)
+    scale = model.energy_scale
+    scaled = dataclasses.replace(model, c=model.c / scale)
+    stop_at = None if lower_bound is None else lower_bound / scale * (1 + 1e-12) / (1 - mip_gap)
+    if backend == "gurobi":
+        answer = _solve_gurobi(scaled, time_limit_s, mip_gap, threads, verbose, start, stop_at)
+    else:
+        answer = _solve_highs(scaled, time_limit_s, mip_gap, threads, verbose, start, stop_at)
+    objective = None if answer.objective is None else answer.objective * scale
+    bound = None if answer.bound is None else answer.bound * scale
+    if lower_bound is not None and answer.status != "infeasible":
+        bound = lower_bound if bound is None else max(bound, lower_bound)
+    gap = relative_gap(objective, bound)
+    status = "optimal" if answer.x is not None and gap is not None and gap <= mip_gap else answer.status
+    return dataclasses.replace(answer, status=status, objective=objective, bound=bound, gap=gap)

@@ -8,8 +8,10 @@ The steps, each cheap before the expensive one:
 3. Every node must be computed at least once, so the energy of one plain step is a lower bound for
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
-4. Otherwise build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
-   and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`) so
+4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
+   optimal. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
+   bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
    schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
    the solver's own objective is kept only to show that the two agree.
@@ -26,9 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from poetlab.planners.poet.bounds import cover_schedules, eviction_bound
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, PoetlabError
-from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
@@ -37,6 +40,10 @@ from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
 log = logging.getLogger("poetlab.poet_solver")
 
 STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
+# Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
+# nothing the quick starts do not already give, and the whole solve must end near its limit.
+STAGED_MIN_TIME_LIMIT_S = 10.0
+BOUNDS = ("eviction", "trivial")
 
 
 @dataclass(frozen=True)
@@ -89,15 +96,7 @@ class SolveResult:
         }
 
 
-def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
-    """(bytes, node): the largest output-plus-inputs of any node, which any schedule must hold at once."""
-    sizes = graph.output_bytes
-    footprint = np.array([sizes[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
-    node = int(footprint.argmax())
-    return int(footprint[node]), node
-
-
-def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None) -> None:
+def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None, bound: str = "eviction") -> None:
     if isinstance(ram_budget_bytes, bool) or not isinstance(ram_budget_bytes, numbers.Real) or not (math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
         raise InvalidArgumentError(f"RAM budget must be a positive number of bytes, got {ram_budget_bytes!r}")
     if runtime_budget_factor is not None and not (math.isfinite(runtime_budget_factor) and runtime_budget_factor >= 1):
@@ -110,6 +109,8 @@ def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver:
         raise InvalidArgumentError(f"time limit must be a positive number of seconds, got {time_limit_s!r}")
     if not (0 <= mip_gap < 1):
         raise InvalidArgumentError(f"MIP gap must be in [0, 1), got {mip_gap!r}")
+    if bound not in BOUNDS:
+        raise InvalidArgumentError(f"unknown bound {bound!r}; valid bounds: {', '.join(BOUNDS)}")
     if threads is not None and threads < 1:
         raise InvalidArgumentError(f"threads must be a positive integer, got {threads!r}")
 
@@ -133,6 +134,7 @@ def solve(
     verbose: bool = False,
     staged: bool = True,
     starts: Sequence[Schedule] = (),
+    bound: str = "eviction",
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
@@ -141,7 +143,7 @@ def solve(
     With both levers allowed and ``staged`` (the default), the two smaller problems (remat only, paging
     only) are solved first with a quarter of the time limit each, and the better of their schedules
     starts POET's MILP for the rest of the time: POET is then never worse than either restriction
-    found, even when its own solve stops at the time limit.
+    found, even when its own solve stops at the time limit. (Not below ``STAGED_MIN_TIME_LIMIT_S``.)
 
     With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
     RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
@@ -150,11 +152,15 @@ def solve(
     the answer is never worse than either. (Two time-limited solves are not bit-for-bit repeatable, so a
     separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
+    ``bound``: ``eviction`` (default) proves a lower bound before the MILP (:func:`poetlab.planners.poet.bounds.eviction_bound`:
+    the cheapest regeneration of what the budget cannot hold), which ends the solve as soon as a schedule
+    is within ``mip_gap`` of it; ``trivial`` keeps one plain step's energy, as before it (benchmarks).
+
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
     staged starts. The result is never more expensive than the best start, time limit or not.
     """
-    _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads)
+    _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads, bound)
     if compression and costs.compression is None:
         raise InvalidArgumentError("compression needs compression costs in the cost model: CostModel.with_compression(compression_costs(...))")
     started = time.perf_counter()
@@ -224,14 +230,27 @@ def solve(
         log.info(message)
         return result("optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=lower_bound, gap=0.0)
 
-    model = build_milp(graph, costs, options)
-    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay)
-    if compression:
+    if bound == "eviction":
+        lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
+    log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s)
+    for given in starts:
+        try:
+            given_sim = replay(given)
+        except InvalidScheduleError as exc:
+            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
+            continue
+        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
+            start, start_sim = given, given_sim
+
+    def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
+        return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
+
+    if compression and not proven():
         plain = solve(
             graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
             charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
-            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts,
+            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts, bound=bound,
         )
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
@@ -245,37 +264,39 @@ def solve(
         if bittrain_sim is not None and (start_sim is None or bittrain_sim.energy_j < start_sim.energy_j):
             log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
             start, start_sim = bittrain, bittrain_sim
-    elif staged and paging and remat:
+    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S and not proven():
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
+            if proven():
+                break
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,
                 charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
-                time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, **flags,
+                time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
             )
             found = f"{restricted.energy_j:.10g} J" if restricted.energy_j is not None else "no schedule"
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
             if restricted.simulation is not None and (start_sim is None or restricted.energy_j < start_sim.energy_j):
                 start, start_sim = restricted.schedule, restricted.simulation
-    for given in starts:
-        try:
-            given_sim = replay(given)
-        except InvalidScheduleError as exc:
-            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
-            continue
-        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
-            start, start_sim = given, given_sim
-    remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s))
+    if proven():
+        message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
+        log.info(message)
+        return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
+    model = build_milp(graph, costs, options)
+    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
+    remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
-        start=None if start is None else model.encode(start.matrices().as_dict()),
+        start=None if start is None else model.encode(start.matrices().as_dict()), lower_bound=lower_bound,
     )
-    bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
+    best_bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
 
     def start_result() -> SolveResult:
         log.info("the solver found nothing better than the start within its time limit; returning that")
-        gap = relative_gap(start_sim.energy_j, bound)
+        gap = relative_gap(start_sim.energy_j, best_bound)
+        if gap <= mip_gap:
+            return result("optimal", answer.solver, f"the start schedule is optimal within a relative gap of {mip_gap:g}", start, start_sim, objective=start_sim.energy_j, bound=best_bound, gap=gap)
         message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
-        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=bound, gap=gap)
+        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=best_bound, gap=gap)
 
     if answer.x is None and start is not None and answer.status != "infeasible":
         return start_result()
@@ -289,7 +310,7 @@ def solve(
             )
         else:
             message = f"no schedule found within the {time_limit_s:g} s time limit; raise --time-limit"
-        return result(answer.status, answer.solver, message, bound=bound)
+        return result(answer.status, answer.solver, message, bound=best_bound)
     matrices = model.decode(answer.x)
     schedule = Schedule.from_matrices(graph, prefetch=charge_pagein, **matrices)
     try:
@@ -300,21 +321,25 @@ def solve(
         return start_result()  # the solver did not keep the start (one it could not encode) as its incumbent
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
-    gap = relative_gap(sim.energy_j, bound)
+    gap = relative_gap(sim.energy_j, best_bound)
+    status = "optimal" if gap is not None and gap <= mip_gap else answer.status
     message = {
         "optimal": f"optimal within a relative gap of {mip_gap:g}",
         "feasible": "feasible; the solver stopped before proving optimality",
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
-    }.get(answer.status, answer.status)
-    return result(answer.status, answer.solver, message, schedule, sim, objective=answer.objective, bound=bound, gap=gap)
+    }.get(status, status)
+    return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
 
 
-def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) -> tuple[Schedule | None, SimulationResult | None]:
+def _best_start(
+    graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf
+) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
-    or (None, None): greedy paging, greedy remat, and the dynamic planners DTR (remat) and Capuchin
-    (remat and paging), which take milliseconds and are often close to the optimum at tight budgets,
-    where HiGHS can spend its whole time limit before finding anything as good. The MILP then only has
-    to improve on the best of them; the methods stay independent baselines in the comparison too."""
+    or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
+    DTR and greedy remat (remat), Capuchin (remat and paging). Each takes milliseconds to a second and
+    they are often close to the optimum at tight budgets, where HiGHS can spend its whole time limit
+    before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
+    once one start exists. The methods stay independent baselines in the comparison too."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.planners.baselines import capuchin, dtr
     from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
@@ -323,26 +348,36 @@ def _best_start(graph, costs, options: MilpOptions, runtime_budget_s, replay) ->
     budgets = Budgets(budget, options.runtime_budget_factor)
     candidates = []
     if options.paging:
-        candidates.append(("greedy paging", lambda: greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)))
+        candidates.append(("greedy paging", lambda: [greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)]))
+    if covers_s > 0:  # the eviction bound's choices made into schedules (:func:`poetlab.planners.poet.bounds.cover_schedules`), each solved within covers_s
+        candidates.append(("eviction cover", lambda: cover_schedules(graph, costs, options, covers_s)))
     if options.remat:
-        candidates.append(("greedy remat", lambda: greedy_remat_schedule(graph, costs, budget, runtime_budget_s)))
-        candidates.append(("DTR", lambda: dtr.plan(graph, costs, budgets)))
+        candidates.append(("DTR", lambda: [dtr.plan(graph, costs, budgets)]))
+        candidates.append(("greedy remat", lambda: [greedy_remat_schedule(graph, costs, budget, runtime_budget_s)]))
     if options.remat and options.paging:
-        candidates.append(("Capuchin", lambda: capuchin.plan(graph, costs, budgets)))
+        candidates.append(("Capuchin", lambda: [capuchin.plan(graph, costs, budgets)]))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
     for name, make in candidates:
+        if best[0] is not None and time.perf_counter() > deadline:
+            log.info("time limit reached: the %s start and those after it are skipped", name)
+            break
         try:
-            schedule = make()
+            made = make()
         except CannotMeetBudget:
-            schedule = None
-        if schedule is None:
             continue
-        try:
-            sim = replay(schedule)
-        except InvalidScheduleError as exc:
-            log.info("%s start does not replay (%s)", name, exc)
-            continue
-        log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
-        if best[1] is None or sim.energy_j < best[1].energy_j:
-            best = (schedule, sim)
+        for schedule in made:
+            best = _better(best, name, schedule, replay)
     return best
+
+
+def _better(best, name: str, schedule: Schedule | None, replay) -> tuple[Schedule | None, SimulationResult | None]:
+    """``best`` or ``schedule``, whichever replays within the budgets at the lower energy."""
+    if schedule is None:
+        return best
+    try:
+        sim = replay(schedule)
+    except InvalidScheduleError as exc:
+        log.info("%s start does not replay (%s)", name, exc)
+        return best
+    log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
+    return (schedule, sim) if best[1] is None or sim.energy_j < best[1].energy_j else best
