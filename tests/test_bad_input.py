@@ -75,3 +75,169 @@ def test_release_expressions_still_exact():
     )
     assert evaluate_number("8 * 1024 ** 3") == float(8 * 1024**3)
     assert math.isfinite(evaluate_number("2 ** 64"))
+
+
+# ---- 2. numbers validated where read ---------------------------------------------------------------
+PROFILE = Path(__file__).resolve().parents[1] / "data" / "profiles" / "host-resnet18_cifar_torch.json"
+
+
+def _profile_with(tmp_path: Path, mutate) -> Path:
+    import json
+
+    data = json.loads(PROFILE.read_text())
+    mutate(data)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))  # NaN and Infinity as Python's json writes them
+    return path
+
+
+def _set_node(key, value):
+    def mutate(data):
+        data["model"]["nodes"][3][key] = value
+
+    return mutate
+
+
+def _set_disk(key, value):
+    def mutate(data):
+        data["disk"][key] = value
+
+    return mutate
+
+
+BAD_PROFILES = {
+    "nan_latency": _set_disk("pagein_latency_s", float("nan")),
+    "negative_latency": _set_disk("pageout_latency_s", -0.5),
+    "infinite_node_runtime": _set_node("runtime_s", float("inf")),
+    "nan_node_energy": _set_node("energy_j", float("nan")),
+    "negative_step": lambda data: data["model"].__setitem__("step_runtime_s", -1.0),
+    "string_throughput": _set_disk("pagein_throughput_bytes_per_s", "fast"),
+    "deeply_nested": lambda data: data.__setitem__("notes", None),  # replaced below
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROFILES))
+def test_bad_profile_cli(case, tmp_path, run_cli):
+    path = _profile_with(tmp_path, BAD_PROFILES[case])
+    if case == "deeply_nested":
+        path.write_text('{"format": "poetlab.HostProfile", "notes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    before = {p.name for p in tmp_path.iterdir()}
+    result = run_cli(
+        "solve", "--model", "resnet18_cifar_torch", "--platform", "host", "--profile", str(path), "--ram-budget", "1e9", cwd=tmp_path
+    )
+    assert_one_line_refusal(result, tmp_path, before)
+    assert str(path) in result.stderr
+
+
+def _graph_file(tmp_path: Path, mutate) -> Path:
+    import json
+
+    from poetlab.core.paper_models import build_paper_graph
+
+    data = build_paper_graph("linear").to_dict()
+    mutate(data)
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _graph_node(key, value):
+    def mutate(data):
+        data["nodes"][2][key] = value
+
+    return mutate
+
+
+BAD_GRAPHS = {
+    "nan_flops": _graph_node("flop", float("nan")),
+    "inf_flops": _graph_node("flop", float("inf")),
+    "fractional_bytes": _graph_node("output_bytes", 10.5),
+    "negative_shape": _graph_node("output_shape", [-1, 784]),
+    "string_inputs": _graph_node("inputs", "01"),
+    "bool_bytes": _graph_node("output_bytes", True),
+    "nodes_not_list": lambda data: data.__setitem__("nodes", {"a": 1}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GRAPHS))
+def test_bad_graph_file(case, tmp_path):
+    from poetlab.core.graph import TrainingGraph
+
+    with pytest.raises(PoetlabError) as info:
+        TrainingGraph.load(_graph_file(tmp_path, BAD_GRAPHS[case]))
+    assert "\n" not in str(info.value) and "graph.json" in str(info.value)
+
+
+def test_deeply_nested_graph_file(tmp_path):
+    from poetlab.core.graph import TrainingGraph
+
+    path = tmp_path / "graph.json"
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(PoetlabError, match="nested too deeply"):
+        TrainingGraph.load(path)
+
+
+BAD_FLAGS = {
+    "ram_budget_huge": ("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e300"),
+    "ram_budget_nan": ("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "nan"),
+    "batch_1e14": ("graph", "--model", "resnet18", "--platform", "a72", "--batch-size", "100000000000000"),
+    "batch_1e16": ("graph", "--model", "resnet18", "--platform", "a72", "--batch-size", "10000000000000000"),
+    "batch_1e9_torch": ("graph", "--model", "resnet18_cifar_torch", "--platform", "a72", "--batch-size", "1000000000"),
+    "batch_float": ("graph", "--model", "resnet18", "--platform", "a72", "--batch-size", "1e14"),
+    "threads_too_many": ("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e6", "--threads", "100000"),
+    "relu_bias_nan": ("technique", "bittrain", "--relu-bias", "nan"),
+    "runtime_budget_inf": ("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e6", "--runtime-budget", "inf"),
+    "mip_gap_nan": ("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e6", "--mip-gap", "nan"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FLAGS))
+def test_bad_flag(case, tmp_path, run_cli):
+    result = run_cli(*BAD_FLAGS[case], cwd=tmp_path)
+    assert_one_line_refusal(result, tmp_path, set())
+    assert result.returncode == 2
+
+
+def test_ram_budget_flag_names_the_range(run_cli, tmp_path):
+    result = run_cli("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e300", cwd=tmp_path)
+    assert "--ram-budget" in result.stderr and "1125899906842624" in result.stderr
+
+
+def _api_cases():
+    from poetlab.core.costs import CostModel
+    from poetlab.core.paper_models import build_paper_graph
+    from poetlab.core.platforms import load_platform
+    from poetlab.core.schedule import simulate
+
+    graph = build_paper_graph("linear")
+    other = build_paper_graph("resnet18_cifar")
+    platform = load_platform("a72")
+    costs = CostModel.from_flops(graph, platform)
+    return graph, other, platform, costs, simulate
+
+
+def _plain_schedule(graph):
+    from poetlab.core.schedule import checkpoint_all_schedule
+
+    return checkpoint_all_schedule(graph)
+
+
+API_CASES = {
+    "simulate_nan_budget": lambda g, o, p, c, sim: sim(_plain_schedule(g), g, c, ram_budget_bytes=float("nan")),
+    "simulate_string_budget": lambda g, o, p, c, sim: sim(_plain_schedule(g), g, c, ram_budget_bytes="1e9"),
+    "simulate_graph_none": lambda g, o, p, c, sim: sim(_plain_schedule(g), None, c),
+    "simulate_costs_of_other_graph": lambda g, o, p, c, sim: sim(_plain_schedule(g), o, c),
+    "from_flops_graph_none": lambda g, o, p, c, sim: type(c).from_flops(None, p),
+    "from_flops_platform_name": lambda g, o, p, c, sim: type(c).from_flops(g, "a72"),
+    "from_profile_graph_none": lambda g, o, p, c, sim: type(c).from_profile(None, p),
+    "costs_strings": lambda g, o, p, c, sim: type(c)("a72", *(["x"] * 6)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(API_CASES))
+def test_bad_api_call(case):
+    from poetlab.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as info:
+        API_CASES[case](*_api_cases())
+    assert "\n" not in str(info.value)

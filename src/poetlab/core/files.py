@@ -69,3 +69,5 @@ def parse_json(text: str, origin: str, error: type[PoetlabError]) -> object:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise error(f"{origin}: the JSON is nested too deeply to be a poetlab file") from None

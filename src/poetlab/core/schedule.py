@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from poetlab.core.files import parse_json, read_json_file, write_text_atomic
-from poetlab.core.costs import CostModel
-from poetlab.errors import PoetlabError, ScheduleFileError
+from poetlab.core.costs import CostModel, check_graph_and_costs, check_number
+from poetlab.errors import InvalidArgumentError, PoetlabError, ScheduleFileError
 from poetlab.core.graph import TrainingGraph
 
 #: the version of the JSON that :meth:`Schedule.to_json` writes
@@ -336,6 +336,12 @@ def simulate(
     state or the cost model (no compression costs, or not allowed for that node) does not permit, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
     parameters and gradients, counted in), a node never computed, or a runtime above
     ``runtime_budget_s`` (compute time, plus paging time when ``count_paging_time``)."""
+    check_graph_and_costs("simulate", graph, costs)
+    if not isinstance(schedule, Schedule):
+        raise InvalidArgumentError(f"simulate: schedule must be a Schedule, got {type(schedule).__name__}")
+    check_number("simulate", "ram_budget_bytes", ram_budget_bytes, 0, optional=True)
+    check_number("simulate", "runtime_budget_s", runtime_budget_s, 0, optional=True)
+    check_number("simulate", "fixed_bytes", fixed_bytes, 0)
     T = graph.n_nodes
     if schedule.n_nodes != T or costs.n_nodes != T:
         raise InvalidScheduleError(0, None, f"schedule has {schedule.n_nodes} nodes, graph {T}, costs {costs.n_nodes}")

@@ -307,8 +307,15 @@ def trace_torch_model(name: str, batch_size: int = 1, *, fuse: bool = False, see
     """:func:`trace` of a model of :mod:`poetlab.torch.models` with its example batch."""
     from poetlab.torch.models import build_torch_model
 
-    model = build_torch_model(name, batch_size, seed)
-    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
+    try:
+        model = build_torch_model(name, batch_size, seed)
+        graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
+    except MemoryError:
+        raise InvalidArgumentError(f"{name} at batch size {batch_size} needs more memory than this machine has; use a smaller batch size") from None
+    except RuntimeError as exc:
+        if "alloc" not in str(exc) and "memory" not in str(exc):
+            raise
+        raise InvalidArgumentError(f"{name} at batch size {batch_size} needs more memory than this machine has; use a smaller batch size") from None
     metadata = dict(graph.metadata, batch_size=batch_size, seed=seed, torch_model=name)
     return TrainingGraph(name=graph.name, nodes=graph.nodes, metadata=metadata)
 
