@@ -193,9 +193,14 @@ BAD_FLAGS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FLAGS))
 def test_bad_flag(case, tmp_path, run_cli):
-    result = run_cli(*BAD_FLAGS[case], cwd=tmp_path)
+    args = BAD_FLAGS[case]
+    if "--platform" in args:
+        args = (*args, "--platform-dir", str(PLATFORM_DIR))
+    result = run_cli(*args, cwd=tmp_path)
     assert_one_line_refusal(result, tmp_path, set())
     assert result.returncode == 2
+    flag = next(a for a in args if a.startswith("--") and a not in ("--model", "--platform", "--platform-dir", "--ram-budget")) if case != "ram_budget_huge" and case != "ram_budget_nan" else "--ram-budget"
+    assert f"argument {flag}" in result.stderr, result.stderr
 
 
 def test_ram_budget_flag_names_the_range(run_cli, tmp_path):
@@ -241,3 +246,68 @@ def test_bad_api_call(case):
     with pytest.raises(InvalidArgumentError) as info:
         API_CASES[case](*_api_cases())
     assert "\n" not in str(info.value)
+
+
+# ---- 3. outputs ------------------------------------------------------------------------------------
+GRAPH_ARGS = ("graph", "--model", "linear", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--output")
+
+
+def test_output_mode_follows_umask(tmp_path, run_cli):
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        result = run_cli(*GRAPH_ARGS, str(tmp_path / "g.json"), cwd=tmp_path)
+    finally:
+        os.umask(previous)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE((tmp_path / "g.json").stat().st_mode) == 0o644
+
+
+def test_output_written_through_a_symlink(tmp_path, run_cli):
+    target = tmp_path / "real.json"
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    result = run_cli(*GRAPH_ARGS, str(link), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and '"poetlab.TrainingGraph"' in target.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+@pytest.mark.parametrize("where", ["device", "directory"])
+def test_output_device_or_directory_refused(where, tmp_path, run_cli):
+    import stat
+
+    (tmp_path / "adir").mkdir()
+    output = "/dev/full" if where == "device" else str(tmp_path / "adir")
+    before = {p.name for p in tmp_path.iterdir()}
+    result = run_cli(*GRAPH_ARGS, output, cwd=tmp_path)
+    assert_one_line_refusal(result, tmp_path, before)
+    assert list((tmp_path / "adir").iterdir()) == []
+    assert stat.S_ISCHR(Path("/dev/full").stat().st_mode)
+
+
+@pytest.mark.parametrize(
+    "args", [("models",), ("solve", "--model", "linear", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "1e6", "--json")], ids=["models", "solve_json"]
+)
+def test_full_stdout_ends_quietly(args, tmp_path):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "poetlab", *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "poetlab", "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # like `| head -0`: the reader is gone before anything is written
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 1
+    assert stderr == "", stderr

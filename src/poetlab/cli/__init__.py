@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -125,14 +126,67 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    guarded = _GuardedStdout(sys.stdout)
+    sys.stdout = guarded
     try:
-        return args.run(args)
+        code = args.run(args)
+        guarded.flush()
+        return code
     except PoetlabError as exc:
         print(f"poetlab: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("poetlab: interrupted", file=sys.stderr)
         return 130
+    except _StdoutError as exc:
+        # stdout closed (`| head -1`: quiet, as Unix tools are) or full (`> /dev/full`: one line).
+        _silence_stdout(guarded.stream)
+        if not isinstance(exc.error, BrokenPipeError):
+            print(f"poetlab: error: cannot write the output: {exc.error.strerror or exc.error}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = guarded.stream
+
+
+class _StdoutError(Exception):
+    """Standard output could not be written (a closed pipe, a full disk)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _GuardedStdout:
+    """Standard output whose write errors are told apart from any other OSError of a command."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _silence_stdout(stream) -> None:
+    """Point standard output at /dev/null, so that the interpreter's own flush at exit, finding the same
+    closed pipe or full disk, does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":
