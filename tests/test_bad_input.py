@@ -311,3 +311,50 @@ def test_closed_stdout_ends_quietly(tmp_path):
     stderr = process.stderr.read()
     assert process.wait(timeout=300) == 1
     assert stderr == "", stderr
+
+
+# ---- 4. a schedule file records its graph ----------------------------------------------------------
+def _two_graphs_of_one_size():
+    from poetlab.core.graph import Node, TrainingGraph
+
+    def chain(size: int) -> TrainingGraph:
+        nodes = [Node(f"n{i}", "op", (i - 1,) if i else (), (size,), size, 1.0) for i in range(4)]
+        return TrainingGraph("chain", tuple(nodes))
+
+    return chain(100), chain(200)
+
+
+def test_schedule_replayed_on_another_graph_is_refused(tmp_path, run_cli):
+    from poetlab.core.costs import CostModel
+    from poetlab.core.platforms import load_platform
+    from poetlab.core.schedule import Schedule, checkpoint_all_schedule, simulate
+
+    graph, other = _two_graphs_of_one_size()
+    path = tmp_path / "plan.json"
+    checkpoint_all_schedule(graph).save(path, graph)
+    assert Schedule.load(path, graph).graph_fingerprint == graph.fingerprint
+    with pytest.raises(PoetlabError) as info:
+        Schedule.load(path, other)
+    assert "another graph" in str(info.value) and "\n" not in str(info.value)
+    costs = CostModel.from_flops(other, load_platform("a72", PLATFORM_DIR))
+    with pytest.raises(PoetlabError, match="another graph"):
+        simulate(Schedule.load(path), other, costs)
+
+
+def test_schedule_file_without_fingerprint_still_loads(tmp_path):
+    from poetlab.core.schedule import Schedule, checkpoint_all_schedule
+
+    graph, other = _two_graphs_of_one_size()
+    path = tmp_path / "old.json"
+    checkpoint_all_schedule(graph).save(path)
+    assert '"graph"' not in path.read_text()
+    assert Schedule.load(path, other).graph_fingerprint is None
+
+
+def test_schedule_file_with_bad_fingerprint(tmp_path):
+    from poetlab.core.schedule import Schedule
+
+    path = tmp_path / "bad.json"
+    path.write_text('{"format": "poetlab.Schedule", "version": 1, "graph": ["x"], "n_nodes": 1, "ops": [["compute", 0, 0]]}')
+    with pytest.raises(PoetlabError, match="fingerprint"):
+        Schedule.load(path)

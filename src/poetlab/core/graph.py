@@ -72,6 +72,16 @@ class TrainingGraph:
             if not (node.output_bytes >= 0 and math.isfinite(node.flop) and node.flop >= 0 and node.param_bytes >= 0):
                 raise InvalidArgumentError(f"training graph {self.name!r}: node {node.name} has a negative size or flop count")
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of what a schedule depends on: the nodes in order with their inputs, output bytes,
+        parameter bytes and direction (not names or flop counts: costs are the cost model's). A schedule file
+        records it, so that replaying the schedule on another graph is refused."""
+        import hashlib
+
+        shape = [[list(node.inputs), node.output_bytes, node.param_bytes, node.is_backward] for node in self.nodes]
+        return hashlib.sha256(json.dumps(shape, separators=(",", ":")).encode()).hexdigest()
+
     # ---- sizes -------------------------------------------------------------------------------
     @property
     def n_nodes(self) -> int:
