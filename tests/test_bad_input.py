@@ -358,3 +358,68 @@ def test_schedule_file_with_bad_fingerprint(tmp_path):
     path.write_text('{"format": "poetlab.Schedule", "version": 1, "graph": ["x"], "n_nodes": 1, "ops": [["compute", 0, 0]]}')
     with pytest.raises(PoetlabError, match="fingerprint"):
         Schedule.load(path)
+
+
+# ---- 5. the pipeline's parameters ------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _params_file(tmp_path: Path, preset: str, **changes) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    presets = params["presets"]
+    presets[preset] = presets.pop("smoke")
+    for stage, values in changes.items():
+        presets[preset][stage].update(values)
+    params["preset"] = preset
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def _check(stage: str, tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, POETLAB_PLATFORM_DIR=str(PLATFORM_DIR))
+    return subprocess.run(
+        [sys.executable, "-m", "poetlab.reproduction", "check", stage], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+    )
+
+
+PIPELINE_CASES = {
+    "preset_shell": ("graphs", "smoke$(touch pwned)", {}),
+    "preset_quote": ("baselines", "smoke';touch pwned;'", {}),
+    "graphs_bad_platform": ("graphs", "smoke", {"graphs": {"platforms": ["m0", "nosuch"]}}),
+    "graphs_huge_batch": ("graphs", "smoke", {"graphs": {"batch_size": 10**9}}),
+    "baselines_bad_method": ("baselines", "smoke", {"baselines": {"methods": ["poet", "nosuch"]}}),
+    "baselines_time_limit_inf": ("baselines", "smoke", {"baselines": {"time_limit_s": float("inf")}}),
+    "fig3_time_limit_inf": ("fig3_frontier", "smoke", {"fig3_frontier": {"time_limit_s": float("inf")}}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PIPELINE_CASES))
+def test_pipeline_check_refuses(case, tmp_path):
+    stage, preset, changes = PIPELINE_CASES[case]
+    _params_file(tmp_path, preset, **changes)
+    result = _check(stage, tmp_path)
+    assert_one_line_refusal(result, tmp_path, {"params.yaml"})
+    assert result.returncode == 2
+
+
+def test_pipeline_check_passes_the_committed_params(tmp_path):
+    for stage in ("graphs", "baselines", "fig3_frontier"):
+        _params_file(tmp_path, "smoke")
+        result = _check(stage, tmp_path)
+        assert result.returncode == 0, result.stderr
+
+
+def test_dvc_commands_quote_the_preset_and_check_first():
+    import re
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        cmd = stage["cmd"]
+        assert "${preset}" not in cmd.replace("'${preset}'", ""), f"{name}: ${{preset}} unquoted in {cmd!r}"
+        if "papermill" in cmd:
+            assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
