@@ -203,6 +203,12 @@ def test_bad_flag(case, tmp_path, run_cli):
     assert f"argument {flag}" in result.stderr, result.stderr
 
 
+def test_torch_batch_beyond_memory_is_refused_before_tracing(tmp_path, run_cli):
+    result = run_cli("graph", "--model", "resnet18_cifar_torch", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--batch-size", "65536", cwd=tmp_path)
+    assert_one_line_refusal(result, tmp_path, set())
+    assert "use a batch size of at most" in result.stderr
+
+
 def test_ram_budget_flag_names_the_range(run_cli, tmp_path):
     result = run_cli("solve", "--model", "linear", "--platform", "a72", "--ram-budget", "1e300", cwd=tmp_path)
     assert "--ram-budget" in result.stderr and "1125899906842624" in result.stderr
