@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -15,7 +16,18 @@ from poetlab import __version__
 from poetlab.errors import PoetlabError
 from poetlab.core.platforms import HOST
 
-from poetlab.cli.common import EXIT_USAGE, OneLineParser, add_model_args, fraction, positive_float, positive_int
+from poetlab.cli.common import (
+    EXIT_USAGE,
+    OneLineParser,
+    add_model_args,
+    batch_size,
+    budget_bytes,
+    finite_float,
+    fraction,
+    positive_float,
+    positive_int,
+    threads,
+)
 from poetlab.cli.execute import cmd_execute
 from poetlab.cli.graph import cmd_graph
 from poetlab.cli.listing import cmd_models, cmd_platforms
@@ -38,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     solve = commands.add_parser("solve", help="the minimum-energy remat + paging schedule within the budgets (the POET MILP)")
     add_model_args(solve)
-    solve.add_argument("--ram-budget", type=positive_float, required=True, metavar="BYTES", help="RAM budget in bytes")
-    solve.add_argument("--runtime-budget", type=float, default=None, metavar="FACTOR", help="runtime budget as a factor (>= 1) of one plain step; none by default")
+    solve.add_argument("--ram-budget", type=budget_bytes, required=True, metavar="BYTES", help="RAM budget in bytes")
+    solve.add_argument("--runtime-budget", type=finite_float, default=None, metavar="FACTOR", help="runtime budget as a factor (>= 1) of one plain step; none by default")
     solve.add_argument("--no-paging", action="store_true", help="forbid paging (Checkmate's remat-only problem)")
     solve.add_argument("--no-remat", action="store_true", help="forbid recomputation (paging only)")
     solve.add_argument("--count-paging-time", action="store_true", help="fix: count paging time in the runtime budget")
@@ -47,20 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--params-in-budget", action="store_true", help="fix: parameters and gradients count against the RAM budget")
     solve.add_argument("--compress", action="store_true", help="also allow keeping sparse tensors compressed (BitTrain's bitmap format) as a fourth choice")
     solve.add_argument("--density", type=fraction, default=None, metavar="D", help="with --compress: density of every ReLU / max-pool output (default: measured on the model's torch twin)")
-    solve.add_argument("--density-margin", type=float, default=0.1, metavar="M", help="with --compress: plan for densities this fraction above the profile (default 0.1)")
+    solve.add_argument("--density-margin", type=finite_float, default=0.1, metavar="M", help="with --compress: plan for densities this fraction above the profile (default 0.1)")
     solve.add_argument("--freeze-before", type=positive_int, default=None, metavar="N", help="sparse update: freeze the layers before forward node N (the backward pass stops there)")
     solve.add_argument("--sparse-update", default=None, metavar="SCHEME", help="torch models: plan the step of Tiny Training's sparse-update scheme SCHEME applied for real (full, bias-only, last-K or sparse)")
     solve.add_argument("--solver", default="auto", help="auto (Gurobi when its license covers the model, else HiGHS), highs or gurobi")
     solve.add_argument("--time-limit", type=positive_float, default=600.0, metavar="S", help="solver time limit in seconds (default 600)")
-    solve.add_argument("--mip-gap", type=float, default=1e-4, metavar="G", help="relative MIP gap to stop at (default 1e-4)")
-    solve.add_argument("--threads", type=positive_int, default=None, metavar="N", help="solver threads (default: the solver's choice)")
+    solve.add_argument("--mip-gap", type=finite_float, default=1e-4, metavar="G", help="relative MIP gap to stop at (default 1e-4)")
+    solve.add_argument("--threads", type=threads, default=None, metavar="N", help="solver threads (default: the solver's choice)")
     solve.add_argument("--json", action="store_true", help="print one JSON object")
     solve.add_argument("--plot", default=None, metavar="FILE", help="draw R, S_RAM, S_SSD and the memory trace to FILE (.png, .pdf, .svg)")
     solve.set_defaults(run=cmd_solve)
 
     execute = commands.add_parser("execute", help="plan a traced torch model at a RAM budget and run it for real, beside plain PyTorch")
     add_model_args(execute)
-    execute.add_argument("--ram-budget", type=positive_float, required=True, metavar="BYTES", help="RAM budget in bytes (activations; parameters and gradients outside)")
+    execute.add_argument("--ram-budget", type=budget_bytes, required=True, metavar="BYTES", help="RAM budget in bytes (activations; parameters and gradients outside)")
     execute.add_argument("--steps", type=positive_int, default=1, help="SGD steps on the model's example batch (default 1)")
     execute.add_argument("--lr", type=positive_float, default=0.01, help="SGD learning rate (default 0.01)")
     execute.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S", help="solver time limit in seconds (default 60)")
@@ -77,13 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = technique.add_subparsers(dest="technique", required=True, metavar="TECHNIQUE")
     bit = kinds.add_parser("bittrain", help="one training step with and without bitmap compression of saved activations")
     bit.add_argument("--model", default="resnet18_cifar_torch", help="torch model (default resnet18_cifar_torch)")
-    bit.add_argument("--batch-size", type=positive_int, default=8)
-    bit.add_argument("--relu-bias", type=float, default=0.0, help="BatchNorm bias before each ReLU: negative makes activations sparser (default 0)")
+    bit.add_argument("--batch-size", type=batch_size, default=8)
+    bit.add_argument("--relu-bias", type=finite_float, default=0.0, help="BatchNorm bias before each ReLU: negative makes activations sparser (default 0)")
     bit.add_argument("--json", action="store_true", help="print one JSON object")
     bit.set_defaults(run=cmd_bittrain)
     sparse = kinds.add_parser("sparse-update", help="peak memory of one training step under a sparse-update scheme")
     sparse.add_argument("--model", default="mobilenetv2_torch", help="torch model (default mobilenetv2_torch: width 0.35, 128x128)")
-    sparse.add_argument("--batch-size", type=positive_int, default=1)
+    sparse.add_argument("--batch-size", type=batch_size, default=1)
     sparse.add_argument("--scheme", default="sparse", help="full, bias-only, last-K or sparse (default sparse)")
     sparse.add_argument("--inplace", action="store_true", help="apply each SGD update during backward and free its gradient at once")
     sparse.add_argument("--json", action="store_true", help="print one JSON object")
@@ -95,13 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     profile = commands.add_parser("profile", help="measure this machine (the host platform): node times, paging, power")
     profile.add_argument("--platform", default=HOST, help="only `host` can be profiled")
     profile.add_argument("--model", default=None, help="a torch model whose traced nodes to time (see `poetlab models`); none: disk and matmul only")
-    profile.add_argument("--batch-size", type=positive_int, default=1, help="batch size (default 1)")
+    profile.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1)")
     profile.add_argument("--fuse", action="store_true", help="time the fused graph's nodes")
     profile.add_argument("--paging-dir", default=".", metavar="DIR", help="directory on the device paging would use (default: the current directory)")
     profile.add_argument("--output", default=None, metavar="FILE", help="profile JSON (default: data/profiles/host-MODEL[-fused].json)")
     profile.add_argument("--repeats", type=positive_int, default=3, help="timed runs per node, median taken (default 3)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed runs before (default 1)")
-    profile.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads, pinned during profiling (default 1)")
+    profile.add_argument("--threads", type=threads, default=1, help="torch intra-op threads, pinned during profiling (default 1)")
     profile.add_argument("--disk-repeats", type=positive_int, default=3, help="writes and reads per size (default 3)")
     profile.add_argument("--compute-power-w", type=positive_float, default=None, metavar="W", help="modeled compute power when RAPL is not readable (default threads x 4.375 W)")
     profile.add_argument("--memory-power-w", type=positive_float, default=5.0, metavar="W", help="modeled paging power when RAPL is not readable (default 5 W)")
@@ -114,14 +126,67 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    guarded = _GuardedStdout(sys.stdout)
+    sys.stdout = guarded
     try:
-        return args.run(args)
+        code = args.run(args)
+        guarded.flush()
+        return code
     except PoetlabError as exc:
         print(f"poetlab: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("poetlab: interrupted", file=sys.stderr)
         return 130
+    except _StdoutError as exc:
+        # stdout closed (`| head -1`: quiet, as Unix tools are) or full (`> /dev/full`: one line).
+        _silence_stdout(guarded.stream)
+        if not isinstance(exc.error, BrokenPipeError):
+            print(f"poetlab: error: cannot write the output: {exc.error.strerror or exc.error}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = guarded.stream
+
+
+class _StdoutError(Exception):
+    """Standard output could not be written (a closed pipe, a full disk)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _GuardedStdout:
+    """Standard output whose write errors are told apart from any other OSError of a command."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise _StdoutError(exc) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _silence_stdout(stream) -> None:
+    """Point standard output at /dev/null, so that the interpreter's own flush at exit, finding the same
+    closed pipe or full disk, does not print a second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
@@ -25,13 +26,48 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def positive_int(text: str) -> int:
+#: The largest number of bytes a budget flag takes (1 PiB): above any device's memory, and low enough that
+#: the solvers' arithmetic stays exact.
+MAX_BUDGET_BYTES = 2**50
+
+
+def positive_int(text: str, high: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value < 1 or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected a positive integer up to {high}, got {text!r}" if high else f"expected a positive integer, got {text!r}")
+    return value
+
+
+def batch_size(text: str) -> int:
+    from poetlab.core.paper_models import MAX_BATCH_SIZE
+
+    return positive_int(text, MAX_BATCH_SIZE)
+
+
+def threads(text: str) -> int:
+    """A thread count from 1 to this machine's CPUs (more only oversubscribes the cores, or hangs)."""
+    import os
+
+    return positive_int(text, os.cpu_count() or 1)
+
+
+def budget_bytes(text: str) -> float:
+    value = positive_float(text)
+    if value > MAX_BUDGET_BYTES:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes from 1 to {MAX_BUDGET_BYTES} (1 PiB), got {text!r}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
 
 
@@ -41,7 +77,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="paper model or torch model name (see `poetlab models`)")
     parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`), `host`, or a platform YAML file")
     parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the checkout's data/platforms)")
-    parser.add_argument("--batch-size", type=positive_int, default=1, help="batch size (default 1)")
+    parser.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1)")
     parser.add_argument("--fuse", action="store_true", help="torch models: fuse cheap element-wise nodes into their producers")
     parser.add_argument("--profile", default=None, metavar="FILE", help="host profile JSON (default: data/profiles/host-MODEL.json, else any host profile there)")
 

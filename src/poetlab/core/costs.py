@@ -8,6 +8,8 @@ cost model (measured per-node times) can stand in for the flop model without tou
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -77,18 +79,25 @@ class CostModel:
             object.__setattr__(self, "recompute_runtime_s", self.runtime_s)
         if self.recompute_energy_j is None:
             object.__setattr__(self, "recompute_energy_j", self.compute_energy_j)
+        if not isinstance(self.platform, str):
+            raise InvalidArgumentError(f"CostModel: platform must be a platform name (text), got {type(self.platform).__name__}")
+        if self.compression is not None and not isinstance(self.compression, CompressionCosts):
+            raise InvalidArgumentError(f"CostModel: compression must be CompressionCosts or None, got {type(self.compression).__name__}")
         sizes = set()
         for name in _ARRAYS:
-            array = np.array(getattr(self, name), dtype=np.float64)
+            try:
+                array = np.array(getattr(self, name), dtype=np.float64)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"CostModel: cost array {name} must be a sequence of numbers, got {type(getattr(self, name)).__name__}") from None
             if array.ndim != 1 or not np.all(np.isfinite(array)) or np.any(array < 0):
-                raise ValueError(f"cost array {name} must be one-dimensional, finite and non-negative")
+                raise InvalidArgumentError(f"CostModel: cost array {name} must be one-dimensional, finite and non-negative")
             array.setflags(write=False)
             object.__setattr__(self, name, array)
             sizes.add(array.shape[0])
         if len(sizes) != 1:
-            raise ValueError("all cost arrays must have one entry per node")
+            raise InvalidArgumentError("CostModel: all cost arrays must have one entry per node")
         if self.compression is not None and self.compression.allowed.shape[0] not in sizes:
-            raise ValueError("compression costs must have one entry per node")
+            raise InvalidArgumentError("CostModel: compression costs must have one entry per node")
 
     def with_compression(self, compression: CompressionCosts | None) -> CostModel:
         """The same costs with ``compression`` (None: without)."""
@@ -118,6 +127,8 @@ class CostModel:
     @classmethod
     def from_flops(cls, graph: TrainingGraph, platform: Platform) -> CostModel:
         """The paper's flop cost model of ``graph`` on ``platform``."""
+        _check_type("CostModel.from_flops", "graph", graph, TrainingGraph)
+        _check_type("CostModel.from_flops", "platform", platform, Platform)
         flop = graph.flop
         return cls._with_paging(graph, platform, flop / platform.flops_per_s, flop / platform.flop_per_j)
 
@@ -144,6 +155,9 @@ class CostModel:
         as it is: it was timed inside a step, so there is nothing to calibrate; its energy at the node's
         probed power (``energy_j / runtime_s``). Where the profile did not time it, a rerun costs the node's
         (calibrated) compute."""
+        _check_type("CostModel.from_profile", "graph", graph, TrainingGraph)
+        if not hasattr(profile, "model") or not hasattr(profile, "platform"):
+            raise InvalidArgumentError(f"CostModel.from_profile: profile must be a HostProfile, got {type(profile).__name__}")
         timed = profile.model
         names = tuple(node.name for node in graph.nodes)
         if timed is None or tuple(node.name for node in timed.nodes) != names:
@@ -197,6 +211,33 @@ def _calibration(graph: TrainingGraph, runtime_s: np.ndarray, step_s: float, for
         return np.where(backward, (step_s - forward_s) / backward_sum, forward_s / forward_sum)
     total = float(runtime_s.sum())
     return np.full(runtime_s.shape, step_s / total if step_s > 0 and total > 0 else 1.0)
+
+
+def _check_type(function: str, argument: str, value: object, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise InvalidArgumentError(f"{function}: {argument} must be a {kind.__name__}, got {type(value).__name__}")
+
+
+def check_graph_and_costs(function: str, graph: object, costs: object) -> None:
+    """InvalidArgumentError (one line) unless ``graph`` is a TrainingGraph and ``costs`` a CostModel of as
+    many nodes: what the public entry points taking both (solve, simulate) check first, so that costs
+    made for another graph give this line and not a numpy broadcast error."""
+    _check_type(function, "graph", graph, TrainingGraph)
+    _check_type(function, "costs", costs, CostModel)
+    if costs.n_nodes != graph.n_nodes:  # type: ignore[attr-defined]
+        raise InvalidArgumentError(
+            f"{function}: the costs have {costs.n_nodes} nodes but graph {graph.name!r} has {graph.n_nodes}; "  # type: ignore[attr-defined]
+            "make the costs from this graph (CostModel.from_flops(graph, platform))"
+        )
+
+
+def check_number(function: str, argument: str, value: object, low: float, high: float = math.inf, *, optional: bool = False) -> None:
+    """InvalidArgumentError (one line) unless ``value`` is a real number (not a bool), finite, in [low, high]."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and low <= value <= high):
+        valid = f"a finite number >= {low:g}" if high == math.inf else f"a finite number from {low:g} to {high:g}"
+        raise InvalidArgumentError(f"{function}: {argument} must be {valid}{' or None' if optional else ''}, got {value!r}")
 
 
 def _readonly(array: np.ndarray) -> np.ndarray:

@@ -3,27 +3,64 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from poetlab.errors import OutputError, PoetlabError
 
 
+def output_target(path: str | os.PathLike[str]) -> Path:
+    """Where an output named ``path`` is really written: the target of a symbolic link (so that the link is
+    written through, not replaced), ``path`` itself otherwise. A target that exists and is not a regular
+    file (a directory, a device such as /dev/full, a pipe) is refused with one line: replacing it with a
+    file would destroy it, and writing into it is not writing an output."""
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}; choose another path") from None
+    if stat.S_ISDIR(mode):
+        raise OutputError(f"cannot write {path}: it is a directory; give a file name")
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"cannot write {path}: it is not a regular file (a device or a pipe); give a file name")
+    return target
+
+
+def new_file_mode(existing: Path) -> int:
+    """The mode an output gets: the mode of the file it replaces, else 0666 less the user's umask (0644
+    under the usual umask 022), as ``open`` would give it; never mkstemp's private 0600."""
+    try:
+        return stat.S_IMODE(existing.stat().st_mode)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename.
 
-    An interrupted run or a full disk leaves either the old file or the new one, never half of one.
+    An interrupted run or a full disk leaves either the old file or the new one, never half of one. A
+    symbolic link is written through to its target; a directory or device is refused
+    (:func:`output_target`); the file gets the mode of :func:`new_file_mode`.
     """
     path = Path(path)
+    target = output_target(path)
     tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.fchmod(fd, new_file_mode(target))
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -69,3 +106,5 @@ def parse_json(text: str, origin: str, error: type[PoetlabError]) -> object:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise error(f"{origin}: the JSON is nested too deeply to be a poetlab file") from None

@@ -9,6 +9,7 @@ node index doubles as the stage index of the MILP.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -68,8 +69,18 @@ class TrainingGraph:
                         f"training graph {self.name!r}: node {index} ({node.name}) reads node {dep}, "
                         "which does not come before it; nodes must be in topological order"
                     )
-            if node.output_bytes < 0 or node.flop < 0 or node.param_bytes < 0:
+            if not (node.output_bytes >= 0 and math.isfinite(node.flop) and node.flop >= 0 and node.param_bytes >= 0):
                 raise InvalidArgumentError(f"training graph {self.name!r}: node {node.name} has a negative size or flop count")
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A digest of what a schedule depends on: the nodes in order with their inputs, output bytes,
+        parameter bytes and direction (not names or flop counts: costs are the cost model's). A schedule file
+        records it, so that replaying the schedule on another graph is refused."""
+        import hashlib
+
+        shape = [[list(node.inputs), node.output_bytes, node.param_bytes, node.is_backward] for node in self.nodes]
+        return hashlib.sha256(json.dumps(shape, separators=(",", ":")).encode()).hexdigest()
 
     # ---- sizes -------------------------------------------------------------------------------
     @property
@@ -166,21 +177,16 @@ class TrainingGraph:
                 "rebuild the graph with this poetlab"
             )
         try:
-            nodes = tuple(
-                Node(
-                    name=str(n["name"]),
-                    kind=str(n["kind"]),
-                    inputs=tuple(n["inputs"]),
-                    output_shape=tuple(n["output_shape"]),
-                    output_bytes=int(n["output_bytes"]),
-                    flop=n["flop"],
-                    param_bytes=int(n.get("param_bytes", 0)),
-                    is_backward=bool(n.get("is_backward", False)),
-                )
-                for n in data["nodes"]
-            )
-            return cls(name=str(data["name"]), nodes=nodes, metadata=dict(data.get("metadata", {})))
+            if not isinstance(data["nodes"], list):
+                raise GraphFileError(f"{origin}: field 'nodes' must be a list of nodes")
+            nodes = tuple(_node_from_dict(n, f"{origin}: nodes[{i}]") for i, n in enumerate(data["nodes"]))
+            metadata = data.get("metadata", {})
+            if not isinstance(metadata, dict):
+                raise GraphFileError(f"{origin}: field 'metadata' must be a mapping")
+            return cls(name=str(data["name"]), nodes=nodes, metadata=dict(metadata))
         except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, GraphFileError):
+                raise
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise GraphFileError(f"{origin}: invalid training graph: {detail}") from None
 
@@ -195,6 +201,49 @@ class TrainingGraph:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> TrainingGraph:
         return cls.from_dict(read_json_file(path, GraphFileError, "graph"), str(path))
+
+
+#: The largest size (bytes) and flop count one node of a graph file may declare: far above any real
+#: model, far below where int64 sums or float costs would overflow.
+MAX_NODE_BYTES = 2**50
+MAX_NODE_FLOP = 1e21
+
+
+def _node_from_dict(n: object, where: str) -> Node:
+    """One node of a graph file, every field checked: a one-line GraphFileError naming the node and field."""
+    if not isinstance(n, dict):
+        raise GraphFileError(f"{where}: a node must be a mapping, got {type(n).__name__}")
+
+    def whole(key: str, value: object, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value != int(value) or not 0 <= value <= high:
+            raise GraphFileError(f"{where}.{key}: must be a whole number between 0 and {high}, got {value!r}")
+        return int(value)
+
+    def whole_list(key: str, high: int) -> tuple[int, ...]:
+        value = n[key]
+        if not isinstance(value, list):
+            raise GraphFileError(f"{where}.{key}: must be a list of whole numbers, got {type(value).__name__}")
+        return tuple(whole(key, item, high) for item in value)
+
+    flop = n["flop"]
+    if isinstance(flop, bool) or not isinstance(flop, int | float) or not (math.isfinite(flop) and 0 <= flop <= MAX_NODE_FLOP):
+        raise GraphFileError(f"{where}.flop: must be a finite number between 0 and {MAX_NODE_FLOP:g}, got {flop!r}")
+    for key in ("name", "kind"):
+        if not isinstance(n[key], str):
+            raise GraphFileError(f"{where}.{key}: must be text, got {type(n[key]).__name__}")
+    is_backward = n.get("is_backward", False)
+    if not isinstance(is_backward, bool):
+        raise GraphFileError(f"{where}.is_backward: must be true or false, got {is_backward!r}")
+    return Node(
+        name=n["name"],
+        kind=n["kind"],
+        inputs=whole_list("inputs", 2**62),
+        output_shape=whole_list("output_shape", MAX_NODE_BYTES),
+        output_bytes=whole("output_bytes", n["output_bytes"], MAX_NODE_BYTES),
+        flop=flop,
+        param_bytes=whole("param_bytes", n.get("param_bytes", 0), MAX_NODE_BYTES),
+        is_backward=is_backward,
+    )
 
 
 def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:

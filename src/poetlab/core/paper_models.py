@@ -279,12 +279,23 @@ PAPER_MODELS = MappingProxyType(
 )
 
 
+#: The largest batch size poetlab builds a graph for: far above any on-device training step, and low enough
+#: that sizes and flop counts stay exact in int64 and float64.
+MAX_BATCH_SIZE = 65_536
+
+
+def check_batch_size(batch_size: object) -> int:
+    """``batch_size`` if it is a whole number from 1 to :data:`MAX_BATCH_SIZE`, else InvalidArgumentError."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise InvalidArgumentError(f"batch size must be a positive integer up to {MAX_BATCH_SIZE}, got {batch_size!r}")
+    return batch_size
+
+
 def build_paper_graph(model: str, batch_size: int = 1) -> TrainingGraph:
     """The training graph of one of the release's models, in the release's layer order."""
     if model not in PAPER_MODELS:
         raise UnknownNameError("model", model, PAPER_MODELS)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgumentError(f"batch size must be a positive integer, got {batch_size!r}")
+    check_batch_size(batch_size)
     spec = PAPER_MODELS[model]
     if not spec.batched and batch_size != 1:
         raise InvalidArgumentError(

@@ -10,6 +10,7 @@ release's to the last bit, while a reader sees where each number comes from.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import os
 from collections.abc import Mapping
@@ -91,38 +92,90 @@ _OPERATORS = {
     ast.UAdd: operator.pos,
 }
 
+#: Bounds on a platform expression, so that a hostile file cannot make the checker hang or overflow:
+#: its length in characters, the nesting depth of its syntax tree, the size of any number in it or
+#: computed on the way, and the size of an exponent.
+MAX_EXPRESSION_CHARS = 400
+MAX_EXPRESSION_DEPTH = 24
+MAX_OPERAND = 1e30
+MAX_EXPONENT = 64
+
+#: The physical range a coefficient of each unit must fall in (inclusive). Wide enough for any device
+#: from a microcontroller to a datacenter accelerator; narrow enough to catch a typo of many orders of
+#: magnitude or a value that would overflow the costs.
+UNIT_RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        "flop/s": (1.0, 1e18),
+        "flop/J": (1.0, 1e16),
+        "s": (1e-12, 3600.0),
+        "B/s": (1.0, 1e14),
+        "W": (1e-9, 1e6),
+        "B": (1.0, 1e16),
+    }
+)
+
 
 def evaluate_number(expression: str | int | float) -> float:
     """Evaluate a number or an arithmetic expression of numbers (+ - * / ** and parentheses).
 
-    Nothing else is allowed (no names, no calls), so a platform file cannot run code.
+    Nothing else is allowed (no names, no calls), so a platform file cannot run code; and every step is
+    bounded (:data:`MAX_EXPRESSION_CHARS`, :data:`MAX_EXPRESSION_DEPTH`, :data:`MAX_OPERAND`,
+    :data:`MAX_EXPONENT`), so it cannot make the checker hang, overflow or run out of memory. Integers stay
+    integers as in Python (``1024 ** 3``), so the release's expressions give the same floats bit for bit.
     """
     if isinstance(expression, bool):
         raise ValueError("a boolean is not a number")
     if isinstance(expression, int | float):
-        return float(expression)
+        return _bounded(expression, repr(expression))
     if not isinstance(expression, str):
         raise ValueError(f"expected a number or an arithmetic expression, got {type(expression).__name__}")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"the expression is {len(expression)} characters long; at most {MAX_EXPRESSION_CHARS} are allowed")
+    shown = expression if len(expression) <= 60 else expression[:57] + "..."
 
-    def walk(node: ast.AST) -> float:
+    def walk(node: ast.AST, depth: int) -> int | float:
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise ValueError(f"{shown!r} is nested more than {MAX_EXPRESSION_DEPTH} levels deep")
         if isinstance(node, ast.Expression):
-            return walk(node.body)
+            return walk(node.body, depth + 1)
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-            return node.value
+            return _bounded(node.value, shown)
         if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+            left, right = walk(node.left, depth + 1), walk(node.right, depth + 1)
+            if isinstance(node.op, ast.Pow):
+                if abs(right) > MAX_EXPONENT:
+                    raise ValueError(f"{shown!r} has an exponent of {right:g}; exponents must be within ±{MAX_EXPONENT}")
+                if left == 0 and right < 0:
+                    raise ValueError(f"{shown!r} divides by zero")
+                if left < 0 and not float(right).is_integer():
+                    raise ValueError(f"{shown!r} raises a negative number to a fractional power")
+                if left != 0 and right > 0 and right * math.log10(abs(left)) > math.log10(MAX_OPERAND):
+                    raise ValueError(f"{shown!r} computes a number above {MAX_OPERAND:g}")
+            try:
+                result = _OPERATORS[type(node.op)](left, right)
+            except ZeroDivisionError:
+                raise ValueError(f"{shown!r} divides by zero") from None
+            except OverflowError:
+                raise ValueError(f"{shown!r} computes a number above {MAX_OPERAND:g}") from None
+            return _bounded(result, shown)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](walk(node.operand))
+            return _OPERATORS[type(node.op)](walk(node.operand, depth + 1))
         raise ValueError(f"only numbers and + - * / ** are allowed, found {ast.dump(node)[:40]}")
 
     try:
         tree = ast.parse(expression, mode="eval")
-    except SyntaxError as exc:
-        raise ValueError(f"{expression!r} is not an arithmetic expression") from exc
-    try:
-        return float(walk(tree))
-    except ZeroDivisionError as exc:
-        raise ValueError(f"{expression!r} divides by zero") from exc
+    except (SyntaxError, ValueError):
+        raise ValueError(f"{shown!r} is not an arithmetic expression") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"{shown!r} is nested more than {MAX_EXPRESSION_DEPTH} levels deep") from None
+    return float(walk(tree, 0))
+
+
+def _bounded(value: int | float, shown: str) -> int | float:
+    """``value`` if it is a finite number within ±:data:`MAX_OPERAND`, else a one-line ValueError."""
+    if isinstance(value, complex) or abs(value) > MAX_OPERAND or not math.isfinite(value):
+        raise ValueError(f"{shown!r} computes {value!r}; numbers must be finite and within ±{MAX_OPERAND:g}")
+    return value
 
 
 def platform_from_mapping(spec: Any, origin: str) -> Platform:
@@ -174,8 +227,9 @@ def platform_from_mapping(spec: Any, origin: str) -> Platform:
             value = evaluate_number(entry["value"])
         except ValueError as exc:
             raise fail(f"field '{where}.value': {exc}") from None
-        if not value > 0 or value == float("inf"):
-            raise fail(f"field '{where}.value' must be a positive finite number, got {value!r}")
+        low, high = UNIT_RANGES[unit]
+        if not low <= value <= high:
+            raise fail(f"field '{where}.value' must be a positive number between {low:g} and {high:g} {unit}, got {value:g}")
         values[key] = value
         sources[key] = entry["source"]
     return Platform(

@@ -18,14 +18,14 @@ from __future__ import annotations
 import enum
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from poetlab.core.files import parse_json, read_json_file, write_text_atomic
-from poetlab.core.costs import CostModel
-from poetlab.errors import PoetlabError, ScheduleFileError
+from poetlab.core.costs import CostModel, check_graph_and_costs, check_number
+from poetlab.errors import InvalidArgumentError, PoetlabError, ScheduleFileError
 from poetlab.core.graph import TrainingGraph
 
 #: the version of the JSON that :meth:`Schedule.to_json` writes
@@ -92,6 +92,22 @@ class Schedule:
 
     n_nodes: int
     ops: tuple[Op, ...]
+    #: :attr:`TrainingGraph.fingerprint` of the graph the schedule was planned for, where known (a schedule
+    #: file saved with its graph records it; older files and schedules built in memory have None).
+    graph_fingerprint: str | None = field(default=None, compare=False)
+
+    def for_graph(self, graph: TrainingGraph) -> Schedule:
+        """The same schedule, recording ``graph``'s fingerprint (what :meth:`save` writes)."""
+        return replace(self, graph_fingerprint=graph.fingerprint)
+
+    def check_graph(self, graph: TrainingGraph, origin: str = "the schedule") -> None:
+        """A one-line :class:`ScheduleFileError` if the schedule records another graph's fingerprint (a
+        schedule without one is checked only by replaying it)."""
+        if self.graph_fingerprint is not None and self.graph_fingerprint != graph.fingerprint:
+            raise ScheduleFileError(
+                f"{origin}: planned for another graph (fingerprint {self.graph_fingerprint[:12]}, graph {graph.name!r} "
+                f"has {graph.fingerprint[:12]}: its nodes, edges or sizes differ); plan it again for this graph"
+            )
 
     @property
     def n_stages(self) -> int:
@@ -109,7 +125,8 @@ class Schedule:
         """The schedule as JSON: its node count and one ``[kind, node, stage]`` row per operation, so that a
         plan can be kept and run again (a time-limited MILP may return another one on the next solve)."""
         rows = ",\n".join(json.dumps([op.kind.value, op.node, op.stage]) for op in self.ops)
-        return f'{{"format": "poetlab.Schedule", "version": {SCHEDULE_FORMAT_VERSION}, "n_nodes": {self.n_nodes}, "ops": [\n{rows}\n]}}\n'
+        graph = "" if self.graph_fingerprint is None else f'"graph": {json.dumps(self.graph_fingerprint)}, '
+        return f'{{"format": "poetlab.Schedule", "version": {SCHEDULE_FORMAT_VERSION}, {graph}"n_nodes": {self.n_nodes}, "ops": [\n{rows}\n]}}\n'
 
     @classmethod
     def from_json(cls, text: str, origin: str = "schedule") -> Schedule:
@@ -132,15 +149,27 @@ class Schedule:
         numbers = [n_nodes, *(v for op in ops for v in (op.node, op.stage))]
         if any(type(v) is not int or v < 0 for v in numbers) or any(op.node >= n_nodes for op in ops):
             raise ScheduleFileError(f"{origin}: invalid schedule: nodes and stages must be whole numbers from 0, nodes below n_nodes ({n_nodes!r})")
-        return cls(n_nodes, ops)
+        fingerprint = data.get("graph")
+        if fingerprint is not None and not (isinstance(fingerprint, str) and fingerprint.isalnum() and len(fingerprint) <= 128):
+            raise ScheduleFileError(f"{origin}: invalid schedule: field 'graph' must be a graph fingerprint (letters and digits), got {fingerprint!r}")
+        return cls(n_nodes, ops, fingerprint)
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the schedule as JSON, atomically."""
-        return write_text_atomic(path, self.to_json())
+    def save(self, path: str | os.PathLike[str], graph: TrainingGraph | None = None) -> Path:
+        """Write the schedule as JSON, atomically; with ``graph``, recording its fingerprint, so that
+        loading it for another graph is refused."""
+        schedule = self if graph is None else self.for_graph(graph)
+        return write_text_atomic(path, schedule.to_json())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Schedule:
-        return cls._from_data(read_json_file(path, ScheduleFileError, "schedule"), str(path))
+    def load(cls, path: str | os.PathLike[str], graph: TrainingGraph | None = None) -> Schedule:
+        """The schedule in ``path``; with ``graph``, a one-line ScheduleFileError if the file records another
+        graph's fingerprint or another node count."""
+        schedule = cls._from_data(read_json_file(path, ScheduleFileError, "schedule"), str(path))
+        if graph is not None:
+            schedule.check_graph(graph, str(path))
+            if schedule.n_nodes != graph.n_nodes:
+                raise ScheduleFileError(f"{path}: planned for a graph of {schedule.n_nodes} nodes, graph {graph.name!r} has {graph.n_nodes}; plan it again for this graph")
+        return schedule
 
     def recomputed_nodes(self) -> list[int]:
         """The node of each computation beyond its node's first, in schedule order (what a cost model
@@ -336,6 +365,13 @@ def simulate(
     state or the cost model (no compression costs, or not allowed for that node) does not permit, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
     parameters and gradients, counted in), a node never computed, or a runtime above
     ``runtime_budget_s`` (compute time, plus paging time when ``count_paging_time``)."""
+    check_graph_and_costs("simulate", graph, costs)
+    if not isinstance(schedule, Schedule):
+        raise InvalidArgumentError(f"simulate: schedule must be a Schedule, got {type(schedule).__name__}")
+    check_number("simulate", "ram_budget_bytes", ram_budget_bytes, 0, optional=True)
+    check_number("simulate", "runtime_budget_s", runtime_budget_s, 0, optional=True)
+    check_number("simulate", "fixed_bytes", fixed_bytes, 0)
+    schedule.check_graph(graph)
     T = graph.n_nodes
     if schedule.n_nodes != T or costs.n_nodes != T:
         raise InvalidScheduleError(0, None, f"schedule has {schedule.n_nodes} nodes, graph {T}, costs {costs.n_nodes}")

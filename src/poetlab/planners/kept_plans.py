@@ -26,11 +26,11 @@ def planned_schedule(graph, costs, budget: float, key: str, planner: str, time_l
         return checkpoint_all_schedule(graph), "checkpoint_all", ""
     path = schedules / f"{key}.json" if schedules is not None else None
     if path is not None and path.exists() and not replan:
-        schedule = Schedule.load(path)
+        schedule = Schedule.load(path, graph)
         if schedule.n_nodes != graph.n_nodes or simulate(schedule, graph, costs).peak_ram_bytes > budget:
             raise InvalidArgumentError(f"{path}: planned for another graph or budget; delete it to plan this case again")
         return schedule, "loaded", f"from {path}"
     solved = solve(graph, costs, budget, time_limit_s=time_limit_s, remat=planner != PAGING_ONLY)
     if solved.schedule is not None and path is not None:
-        solved.schedule.save(path)
+        solved.schedule.save(path, graph)
     return solved.schedule, solved.status, solved.message

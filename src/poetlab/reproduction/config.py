@@ -15,7 +15,7 @@ from typing import Any
 from poetlab.planners.baselines.milp_variants import MILP_VARIANTS
 from poetlab.planners.comparison import METHODS
 from poetlab.errors import InvalidArgumentError
-from poetlab.core.paper_models import PAPER_MODELS
+from poetlab.core.paper_models import MAX_BATCH_SIZE, PAPER_MODELS
 from poetlab.reproduction.params import PARAMS_FILE, load_params, stage_params
 from poetlab.core.platforms import HOST, available_platforms
 
@@ -121,9 +121,9 @@ class _Section:
     def number(self, name: str, low: float, high: float = math.inf, integer: bool = False) -> float:
         value = self.get(name)
         kind = numbers.Integral if integer else numbers.Real
-        if isinstance(value, bool) or not isinstance(value, kind) or not (low <= value <= high):
+        if isinstance(value, bool) or not isinstance(value, kind) or not (math.isfinite(value) and low <= value <= high):
             span = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
-            raise self.fail(name, f"must be {'an integer' if integer else 'a number'} {span}, got {value!r}")
+            raise self.fail(name, f"must be a finite {'integer' if integer else 'number'} {span}, got {value!r}")
         return value
 
     def grid(self, name: str, low: float, high: float = math.inf) -> tuple[float, ...]:
@@ -131,7 +131,7 @@ class _Section:
         if isinstance(values, str) or not isinstance(values, Sequence) or not values:
             raise self.fail(name, f"is an empty grid; give at least one number {'>= ' + format(low, 'g') if high == math.inf else f'in [{low:g}, {high:g}]'}")
         for value in values:
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (low <= value <= high):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and low <= value <= high):
                 raise self.fail(name, f"has {value!r}; every value must be a number {'>= ' + format(low, 'g') if high == math.inf else f'in [{low:g}, {high:g}]'}")
         if len(set(values)) != len(values):
             raise self.fail(name, "lists a value twice; list each once")
@@ -207,6 +207,29 @@ def _cases(s: _Section, name: str) -> tuple[tuple[str, str], ...]:
     return tuple(cases)
 
 
+def _graphs_config(s: _Section) -> dict[str, Any]:
+    """The ``graphs`` stage: ``graph_table(**params)``; checked here, read by its notebook as they are."""
+    s.only("models", "platforms", "batch_size")
+    return {
+        "models": s.names("models", tuple(PAPER_MODELS), "model"),
+        "platforms": s.names("platforms", available_platforms(), "platform"),
+        "batch_size": int(s.number("batch_size", 1, MAX_BATCH_SIZE, integer=True)),
+    }
+
+
+def _baselines_config(s: _Section) -> dict[str, Any]:
+    """The ``baselines`` stage: ``comparison_table(**params)``; checked here, read by its notebook as they are."""
+    s.only("cases", "fractions", "runtime_factor", "methods", "time_limit_s", "threads")
+    return {
+        "cases": _cases(s, "cases"),
+        "fractions": s.grid("fractions", 0.0, 1.0),
+        "runtime_factor": float(s.number("runtime_factor", 1.0)),
+        "methods": s.names("methods", tuple(METHODS), "method"),
+        "time_limit_s": float(s.number("time_limit_s", 0.1)),
+        "threads": int(s.number("threads", 1, 64, integer=True)),
+    }
+
+
 def _feasibility_config(s: _Section) -> FeasibilityConfig:
     s.only("models", "platforms", "batch_size")
     return FeasibilityConfig(
@@ -250,6 +273,8 @@ def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
 
 
 STAGES: Mapping[str, Callable[[_Section], object]] = {
+    "graphs": _graphs_config,
+    "baselines": _baselines_config,
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),

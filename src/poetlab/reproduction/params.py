@@ -9,6 +9,7 @@ value re-runs only the stages that read it, and editing an inactive preset re-ru
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,25 @@ def load_params(path: str | os.PathLike[str] = PARAMS_FILE) -> dict[str, Any]:
     return params
 
 
+#: What a preset may be called: it is pasted into the pipeline's shell commands (quoted as well), so
+#: letters, digits, ``_``, ``-`` and ``.`` only, starting with a letter or digit.
+PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_preset_name(preset: object, path: str | os.PathLike[str] = PARAMS_FILE) -> str:
+    """``preset`` if it is a safe name (:data:`PRESET_NAME`), else a one-line InvalidArgumentError."""
+    if not isinstance(preset, str) or not PRESET_NAME.fullmatch(preset):
+        raise InvalidArgumentError(
+            f"{path}: preset name {preset!r} is not allowed; use letters, digits, '_', '-' and '.' (starting with a letter or digit, at most 64)"
+        )
+    return preset
+
+
 def stage_params(stage: str, preset: str | None = None, path: str | os.PathLike[str] = PARAMS_FILE) -> dict[str, Any]:
     """The parameters of ``stage`` in ``preset`` (default: the file's active ``preset``)."""
     params = load_params(path)
     preset = params.get("preset", "default") if preset is None else preset
+    check_preset_name(preset, path)
     presets = params["presets"]
     if preset not in presets:
         raise UnknownNameError("preset", preset, presets)

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from poetlab.core.files import output_target  # noqa: E402
 from poetlab.errors import OutputError  # noqa: E402
 from poetlab.core.schedule import Schedule, SimulationResult  # noqa: E402
 
@@ -62,15 +63,21 @@ def save_figures(fig: plt.Figure, stem: str | os.PathLike[str], formats: tuple[s
 
 def _write_figure(fig: plt.Figure, path: Path) -> Path:
     metadata = {".pdf": {"CreationDate": None}, ".svg": {"Date": None}}.get(path.suffix.lower())
+    target = output_target(path)
+    tmp = target.with_name(f".{target.name}.tmp{target.suffix}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+        target.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(tmp, dpi=150, metadata=metadata)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}; free some space or choose another path") from exc
     except ValueError as exc:
+        tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc}; use a .png, .pdf or .svg file name") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform as _platform
 from dataclasses import asdict, dataclass, field
@@ -200,9 +201,7 @@ class HostProfile:
         except (KeyError, TypeError, ValueError) as exc:
             detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc).splitlines()[0]
             raise ProfileFileError(f"{origin}: invalid host profile: {detail}; re-run `poetlab profile`") from None
-        values = [profile.flops_per_s, profile.compute_power_w, profile.disk.pagein_throughput_bytes_per_s, profile.disk.pageout_throughput_bytes_per_s, profile.disk.power_w]
-        if not all(np.isfinite(v) and v > 0 for v in values) or (profile.model and any(not (n.runtime_s >= 0 and n.energy_j >= 0 and (n.rerun_s is None or n.rerun_s >= 0)) for n in profile.model.nodes)):
-            raise ProfileFileError(f"{origin}: invalid host profile: rates, powers and times must be positive; re-run `poetlab profile`")
+        _check_numbers(profile, origin)
         return profile
 
     @classmethod
@@ -214,7 +213,57 @@ class HostProfile:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ProfileFileError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); re-run `poetlab profile`") from None
+        except RecursionError:
+            raise ProfileFileError(f"{path}: the JSON is nested too deeply to be a host profile; re-run `poetlab profile`") from None
         return cls.from_dict(data, str(path))
+
+
+#: The largest time (seconds) a profile may hold for one node, one step or one page transfer: a day.
+MAX_PROFILE_SECONDS = 86_400.0
+
+
+def _check_numbers(profile: HostProfile, origin: str) -> None:
+    """Every number of ``profile`` finite and in range, else a one-line ProfileFileError naming the field
+    and the valid range: rates and powers positive, times and energies non-negative and at most
+    :data:`MAX_PROFILE_SECONDS` (energies at most that many seconds at the profile's compute power)."""
+
+    def fail(field_name: str, value: object, valid: str) -> ProfileFileError:
+        return ProfileFileError(f"{origin}: field {field_name!r} is {value!r}; it must be {valid}; re-run `poetlab profile`")
+
+    def positive(field_name: str, value: float, high: float) -> None:
+        if not (isinstance(value, int | float) and math.isfinite(value) and 0 < value <= high):
+            raise fail(field_name, value, f"positive, finite and at most {high:g}")
+
+    def seconds(field_name: str, value: float | None, high: float = MAX_PROFILE_SECONDS) -> None:
+        if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= high):
+            raise fail(field_name, value, f"positive or zero, finite and at most {high:g}")
+
+    positive("flops_per_s", profile.flops_per_s, 1e18)
+    positive("compute_power_w", profile.compute_power_w, 1e6)
+    d = profile.disk
+    positive("disk.pagein_throughput_bytes_per_s", d.pagein_throughput_bytes_per_s, 1e14)
+    positive("disk.pageout_throughput_bytes_per_s", d.pageout_throughput_bytes_per_s, 1e14)
+    positive("disk.power_w", d.power_w, 1e6)
+    seconds("disk.pagein_latency_s", d.pagein_latency_s)
+    seconds("disk.pageout_latency_s", d.pageout_latency_s)
+    for key in ("pagein_s", "pageout_s"):
+        for value in getattr(d, key):
+            seconds(f"disk.{key}", value)
+    model = profile.model
+    if model is None:
+        return
+    seconds("model.step_runtime_s", model.step_runtime_s)
+    seconds("model.forward_runtime_s", model.forward_runtime_s)
+    for value in model.step_samples_s:
+        seconds("model.step_samples_s", value)
+    max_energy = MAX_PROFILE_SECONDS * max(profile.compute_power_w, d.power_w)
+    for index, node in enumerate(model.nodes):
+        where = f"model.nodes[{index}]"
+        seconds(f"{where}.runtime_s", node.runtime_s)
+        seconds(f"{where}.rerun_s", node.rerun_s)
+        seconds(f"{where}.energy_j", node.energy_j, max_energy)
+        for value in (*node.samples_s, *node.rerun_samples_s):
+            seconds(f"{where}.samples_s", value)
 
 
 def _node_timing(data: dict, reruns: bool = True) -> NodeTiming:

@@ -261,8 +261,9 @@ def build_torch_model(name: str, batch_size: int = 1, seed: int = 0) -> TorchMod
     """Build ``name`` with weights and an example batch drawn from ``seed``; the module is in train mode."""
     if name not in TORCH_MODELS:
         raise UnknownNameError("torch model", name, TORCH_MODELS)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidArgumentError(f"batch size must be a positive integer, got {batch_size!r}")
+    from poetlab.core.paper_models import check_batch_size
+
+    check_batch_size(batch_size)
     spec = TORCH_MODELS[name]
     generator = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import linecache
 import operator
+import os
 import sys
 import traceback
 import types
@@ -303,12 +304,43 @@ def trace(
     return trace_step(module, example_inputs, loss_fn, targets, fuse=fuse, leaf_modules=leaf_modules, name=name).graph
 
 
+#: Above this batch size, :func:`trace_torch_model` first traces batch size 1 to see whether the example
+#: batch's activations fit in this machine's memory (tracing runs the model on the batch for real).
+_PROBE_ABOVE_BATCH = 64
+
+
+def _check_fits_in_memory(name: str, batch_size: int, fuse: bool, seed: int) -> None:
+    """A one-line InvalidArgumentError when the forward activations of ``name`` at ``batch_size`` (those of
+    batch size 1, times the batch) would not fit in physical memory: rather than let the trace allocate
+    until the kernel kills the process."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return
+    per_sample = trace_torch_model(name, 1, fuse=fuse, seed=seed).forward_bytes
+    if per_sample * batch_size > memory:
+        largest = max(1, memory // max(per_sample, 1))
+        raise InvalidArgumentError(
+            f"{name} at batch size {batch_size} needs about {per_sample * batch_size / 2**30:.0f} GiB of activations to trace; "
+            f"this machine has {memory / 2**30:.0f} GiB; use a batch size of at most {largest}"
+        )
+
+
 def trace_torch_model(name: str, batch_size: int = 1, *, fuse: bool = False, seed: int = 0) -> TrainingGraph:
     """:func:`trace` of a model of :mod:`poetlab.torch.models` with its example batch."""
     from poetlab.torch.models import build_torch_model
 
-    model = build_torch_model(name, batch_size, seed)
-    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
+    if batch_size > _PROBE_ABOVE_BATCH:
+        _check_fits_in_memory(name, batch_size, fuse, seed)
+    try:
+        model = build_torch_model(name, batch_size, seed)
+        graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
+    except MemoryError:
+        raise InvalidArgumentError(f"{name} at batch size {batch_size} needs more memory than this machine has; use a smaller batch size") from None
+    except RuntimeError as exc:
+        if "alloc" not in str(exc) and "memory" not in str(exc):
+            raise
+        raise InvalidArgumentError(f"{name} at batch size {batch_size} needs more memory than this machine has; use a smaller batch size") from None
     metadata = dict(graph.metadata, batch_size=batch_size, seed=seed, torch_model=name)
     return TrainingGraph(name=graph.name, nodes=graph.nodes, metadata=metadata)
 
