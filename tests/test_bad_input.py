@@ -242,7 +242,16 @@ API_CASES = {
     "from_flops_platform_name": lambda g, o, p, c, sim: type(c).from_flops(g, "a72"),
     "from_profile_graph_none": lambda g, o, p, c, sim: type(c).from_profile(None, p),
     "costs_strings": lambda g, o, p, c, sim: type(c)("a72", *(["x"] * 6)),
+    "solve_string_runtime_factor": lambda g, o, p, c, sim: _solve(g, c, 1e9, "2"),
+    "solve_graph_none": lambda g, o, p, c, sim: _solve(None, c, 1e9),
+    "solve_costs_of_other_graph": lambda g, o, p, c, sim: _solve(o, c, 1e9),
 }
+
+
+def _solve(*args):
+    from poetlab import solve
+
+    return solve(*args)
 
 
 @pytest.mark.parametrize("case", sorted(API_CASES))

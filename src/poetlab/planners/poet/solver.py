@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from poetlab.planners.poet.bounds import cover_schedules, eviction_bound
-from poetlab.core.costs import CostModel
+from poetlab.core.costs import CostModel, check_graph_and_costs
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -99,6 +99,9 @@ class SolveResult:
 def _check(ram_budget_bytes: float, runtime_budget_factor: float | None, solver: str, time_limit_s: float, mip_gap: float, threads: int | None, bound: str = "eviction") -> None:
     if isinstance(ram_budget_bytes, bool) or not isinstance(ram_budget_bytes, numbers.Real) or not (math.isfinite(ram_budget_bytes) and ram_budget_bytes > 0):
         raise InvalidArgumentError(f"RAM budget must be a positive number of bytes, got {ram_budget_bytes!r}")
+    for name, value in (("runtime_budget_factor", runtime_budget_factor), ("time_limit_s", time_limit_s), ("mip_gap", mip_gap)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise InvalidArgumentError(f"solve: {name} must be a number, got {value!r}")
     if runtime_budget_factor is not None and not (math.isfinite(runtime_budget_factor) and runtime_budget_factor >= 1):
         raise InvalidArgumentError(
             f"runtime budget must be a factor >= 1 of one plain step (every node runs at least once), got {runtime_budget_factor!r}"
@@ -160,6 +163,7 @@ def solve(
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
     staged starts. The result is never more expensive than the best start, time limit or not.
     """
+    check_graph_and_costs("solve", graph, costs)
     _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads, bound)
     if compression and costs.compression is None:
         raise InvalidArgumentError("compression needs compression costs in the cost model: CostModel.with_compression(compression_costs(...))")
