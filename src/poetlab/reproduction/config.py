@@ -40,6 +40,7 @@ class SweepConfig:
     threads: int
     batch_size: int
     workers: int = 1
+    mip_gap: float = 1e-4  # a MILP solve within it of its bound is certified optimal
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _platforms_config(s: _Section) -> PlatformTableConfig:
 
 def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig:
     """``vary`` is the budget the stage sweeps: ``memory`` (fractions) or ``runtime`` (factors)."""
-    common = ("time_limit_s", "threads", "workers", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
+    common = ("time_limit_s", "mip_gap", "threads", "workers", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
     if vary == "memory":
         s.only("models", "platforms", "fractions", *common)
         models = s.names("models", tuple(PAPER_MODELS), "model")
@@ -175,18 +176,25 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
         cases=cases, fractions=fractions, runtime_factors=factors, methods=chosen,
         time_limit_s=float(s.number("time_limit_s", 0.1)), threads=int(s.number("threads", 1, 64, integer=True)),
         batch_size=int(s.number("batch_size", 1, integer=True)), workers=int(s.number("workers", 1, 64, integer=True)),
+        mip_gap=_mip_gap(s),
     )
 
 
 def _pair_config(s: _Section, methods: Sequence[str]) -> SweepConfig:
     """One (model, platform), a ladder of memory budgets, POET and one baseline."""
-    s.only("model", "platform", "fractions", "runtime_factor", "time_limit_s", "threads", "batch_size")
+    s.only("model", "platform", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "batch_size")
     case = (s.name("model", tuple(PAPER_MODELS), "model"), s.name("platform", available_platforms(), "platform"))
     return SweepConfig(
         cases=(case,), fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
         methods=tuple(methods), time_limit_s=float(s.number("time_limit_s", 0.1)),
         threads=int(s.number("threads", 1, 64, integer=True)), batch_size=int(s.number("batch_size", 1, integer=True)),
+        mip_gap=_mip_gap(s),
     )
+
+
+def _mip_gap(s: _Section) -> float:
+    """The stage's ``mip_gap`` (optional: POET's default when absent)."""
+    return float(s.number("mip_gap", 0.0, 0.5)) if "mip_gap" in s.values else SweepConfig.mip_gap
 
 
 def _cases(s: _Section, name: str) -> tuple[tuple[str, str], ...]:

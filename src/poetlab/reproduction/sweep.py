@@ -46,7 +46,7 @@ def _solve_case(job: tuple[str, str, float, SweepConfig]) -> list[dict[str, obje
     model, platform, factor, config = job
     graph = build_paper_graph(model, config.batch_size)
     costs = CostModel.from_flops(graph, load_platform(platform))
-    options = PlanOptions(time_limit_s=config.time_limit_s, threads=config.threads)
+    options = PlanOptions(time_limit_s=config.time_limit_s, threads=config.threads, mip_gap=config.mip_gap)
     return [asdict(row) for row in compare_methods(graph, costs, config.fractions, factor, config.methods, options)]
 
 

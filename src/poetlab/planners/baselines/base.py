@@ -24,11 +24,12 @@ class Budgets:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """How hard a planner may try: the MILP-based methods' time limit and solver threads (the others
-    ignore both)."""
+    """How hard a planner may try: the MILP-based methods' time limit, the relative gap at which a
+    solve counts as optimal, and solver threads (the others ignore all three)."""
 
     time_limit_s: float = 60.0
     threads: int | None = None
+    mip_gap: float = 1e-4
 
 
 class CannotMeetBudget(PoetlabError):

@@ -38,7 +38,7 @@ def solve_variant(
     one-lever problems itself first (see :func:`poetlab.solve`)."""
     return solve(
         graph, costs, budgets.ram_bytes, budgets.runtime_factor,
-        time_limit_s=options.time_limit_s, threads=options.threads, staged=not starts, starts=starts, **MILP_VARIANTS[variant],
+        time_limit_s=options.time_limit_s, mip_gap=options.mip_gap, threads=options.threads, staged=not starts, starts=starts, **MILP_VARIANTS[variant],
     )
 
 
