@@ -3,14 +3,12 @@
 NOTE [kernel choice]: the simulator's memory model counts the graph's tensors, and the executor allows
 one operation's transient workspace on top (:func:`poetlab.torch.execute.memory_allowance_bytes`: a
 convolution's im2col buffer). That is the workspace of PyTorch's own CPU convolution (im2col + GEMM).
-oneDNN (``torch.backends.mkldnn``), which PyTorch picks for convolutions when it is enabled, keeps
-workspace of its own across operations (weight reorders, gradient buffers in blocked layouts) whose size
-depends on the instruction set it picks at run time: on an AVX2-only CPU a plain training step of a
-width-8 ResNet-18 held about 2.3x its parameter bytes more than with oneDNN off, on an AVX-512 CPU about
-0.2x (``benchmarks/bench_kernels.py``). Memory a planner cannot see cannot be planned, so every step that
-runs a schedule, and every plain step it is compared with or profiled by, runs inside
-:func:`planned_kernels`: oneDNN off, convolutions on PyTorch's native kernels, the same on every CPU.
-The cost is speed: ``docs/kernels.md`` has the measured table.
+oneDNN (``torch.backends.mkldnn``), which PyTorch picks for convolutions when it is enabled, allocates
+scratch buffers of its own whose size depends on the instruction set it dispatches for at run time; on
+an AVX2-only CPU they dwarf a small model's tensors (``docs/kernels.md``, ``benchmarks/bench_kernels.py``).
+Memory a planner cannot see cannot be planned, so every step that runs a schedule, and every plain step
+it is compared with or profiled by, runs inside :func:`planned_kernels`: oneDNN off, convolutions on
+PyTorch's native kernels, the same on every CPU. The cost is speed (``docs/kernels.md``).
 
 Gradients are bit-equal only between steps run on the same kernels: compare an executed schedule with a
 plain step taken inside :func:`planned_kernels` too.
