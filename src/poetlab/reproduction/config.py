@@ -16,7 +16,7 @@ from poetlab.planners.baselines.milp_variants import MILP_VARIANTS
 from poetlab.planners.comparison import METHODS
 from poetlab.errors import InvalidArgumentError
 from poetlab.core.paper_models import MAX_BATCH_SIZE, PAPER_MODELS
-from poetlab.reproduction.params import PARAMS_FILE, load_params, stage_params
+from poetlab.reproduction.params import PARAMS_FILE, active_preset, stage_params
 from poetlab.core.platforms import HOST, available_platforms
 
 
@@ -301,6 +301,6 @@ def stage_config(stage: str, preset: str | None = None, params_file: str | os.Pa
     if stage not in STAGES:
         raise InvalidArgumentError(f"unknown reproduction stage {stage!r}; valid stages: {', '.join(STAGES)}")
     if preset is None:
-        preset = load_params(params_file).get("preset", "default")
+        preset = active_preset(params_file)
     values = stage_params(stage, preset, params_file)
     return STAGES[stage](_Section(stage, preset, values, str(params_file)))

@@ -33,8 +33,8 @@ def load_params(path: str | os.PathLike[str] = PARAMS_FILE) -> dict[str, Any]:
     return params
 
 
-#: What a preset may be called: it is pasted into the pipeline's shell commands (quoted as well), so
-#: letters, digits, ``_``, ``-`` and ``.`` only, starting with a letter or digit.
+#: What a preset may be called: it names files and keys, so letters, digits, ``_``, ``-`` and ``.`` only,
+#: starting with a letter or digit (the pipeline's commands never contain it: the notebooks read it).
 PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -47,10 +47,15 @@ def check_preset_name(preset: object, path: str | os.PathLike[str] = PARAMS_FILE
     return preset
 
 
+def active_preset(path: str | os.PathLike[str] = PARAMS_FILE) -> str:
+    """The file's active ``preset:`` (``default`` when it names none), checked like any preset name."""
+    return check_preset_name(load_params(path).get("preset", "default"), path)
+
+
 def stage_params(stage: str, preset: str | None = None, path: str | os.PathLike[str] = PARAMS_FILE) -> dict[str, Any]:
     """The parameters of ``stage`` in ``preset`` (default: the file's active ``preset``)."""
     params = load_params(path)
-    preset = params.get("preset", "default") if preset is None else preset
+    preset = active_preset(path) if preset is None else preset
     check_preset_name(preset, path)
     presets = params["presets"]
     if preset not in presets:
