@@ -364,15 +364,15 @@ class ScheduleExecutor:
             # every parameter, whose ``.grad`` is then found on a warm cache (after the forward pass, it is
             # found on a cold one)
             self._set_aside_grads()
-            if measure_memory:
-                with measure_allocations() as allocation, planned_kernels():
-                    run.go()
-                # (this step's gradients, not yet added to those set aside: _restore_grads)
-                grads = [p.grad for p in self.params]
-                total_peak = allocation.peak_bytes
-                peak = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
-            else:
-                with planned_kernels():  # (NOTE [kernel choice] in poetlab.torch.kernels)
+            with planned_kernels():  # (NOTE [kernel choice] in poetlab.torch.kernels)
+                if measure_memory:
+                    with measure_allocations() as allocation:
+                        run.go()
+                    # (this step's gradients, not yet added to those set aside: _restore_grads)
+                    grads = [p.grad for p in self.params]
+                    total_peak = allocation.peak_bytes
+                    peak = allocation.peak_excluding(g.data_ptr() for g in grads if g is not None)
+                else:
                     run.go()
         except BaseException:
             if buffers:
