@@ -42,7 +42,8 @@ from poetlab.torch.execute import execute, memory_allowance_bytes
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule
 from poetlab.techniques.bittrain import shift_relu_density
-from poetlab.techniques.compression import compress_all_schedule, compress_idle, compression_costs, graph_densities, measure_bitmap_rates
+from poetlab.planners.compression import compress_all_schedule, compress_idle
+from poetlab.techniques.compression import compression_costs, graph_densities, measure_bitmap_rates
 from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
 from poetlab.torch.kernels import planned_kernels

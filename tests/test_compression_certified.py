@@ -19,7 +19,8 @@ import torch
 from poetlab import CostModel, load_platform, simulate, solve
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule
-from poetlab.techniques.compression import compress_idle, compression_costs, graph_densities
+from poetlab.planners.compression import compress_idle
+from poetlab.techniques.compression import compression_costs, graph_densities
 from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
 

@@ -567,7 +567,8 @@ def test_hand_made_compression_schedule():
 def test_idle_compression_of_a_resnet_schedule_runs_with_autograds_gradients():
     """A fused ResNet-18's remat schedule with every idle Conv+BN+ReLU output kept compressed (densities
     measured per traced node): same computes, less memory, gradients bit-equal to autograd."""
-    from poetlab.techniques.compression import compress_idle, compression_costs, graph_densities
+    from poetlab.planners.compression import compress_idle
+    from poetlab.techniques.compression import compression_costs, graph_densities
 
     module, inputs, targets, graph, _ = _traced("resnet", True, platform="m4")
     platform = poetlab.load_platform("m4")

@@ -32,6 +32,7 @@ from poetlab.planners.poet.bounds import cover_schedules, eviction_bound
 from poetlab.core.costs import CostModel, check_graph_and_costs
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
+from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
@@ -151,7 +152,7 @@ def solve(
     With ``compression`` (which needs ``costs.compression``), tensors may also be kept compressed in
     RAM (:mod:`poetlab.techniques.compression`). POET without compression is solved first with half the
     time limit, and its schedule, which is feasible for the larger problem, starts it, as does BitTrain's
-    policy (:func:`~poetlab.techniques.compression.compress_all_schedule`) where it fits and is cheaper:
+    policy (:func:`~poetlab.planners.compression.compress_all_schedule`) where it fits and is cheaper:
     the answer is never worse than either. (Two time-limited solves are not bit-for-bit repeatable, so a
     separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
@@ -259,8 +260,6 @@ def solve(
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
             start, start_sim = plain.schedule, plain.simulation
-        from poetlab.techniques.compression import compress_all_schedule  # (imports torch: only here)
-
         try:  # BitTrain's policy (every step computed once, every allowed output compressed while idle)
             bittrain_sim = replay(bittrain := compress_all_schedule(graph, costs.compression))
         except InvalidScheduleError:
