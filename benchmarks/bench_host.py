@@ -7,7 +7,7 @@
    time of one whole training step (their ratio), on the thread's CPU clock (the default with one thread)
    and, for comparison, on the wall clock. The fused graphs of the three solved models are
    profiled too (``data/profiles/host-<model>-fused.json``), so that their solves use measured costs.
-2. Puts the measured disk latency and throughput beside the paper platforms' (data/platforms/*.yaml).
+2. Puts the measured disk latency and throughput beside the paper platforms' (src/poetlab/core/platform_specs/*.yaml).
 3. Solves traced ``resnet18_cifar_torch``, ``mobilenetv2_torch`` and ``bert_small_torch`` on the host,
    plain and fused, at a RAM budget halfway between the smallest single-node footprint and
    checkpoint-all's peak (so remat or paging is needed), runtime budget 2x one plain step.

@@ -103,7 +103,7 @@ def old_row(model: str, platform_name: str, fraction: float, factor: float, time
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", OLD_RUN, model, platform_name, repr(ram), repr(factor), repr(time_limit_s), repr(MIP_GAP)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": old_src, "POETLAB_PLATFORM_DIR": str(Path("data/platforms").resolve())}, check=True,
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": old_src, "POETLAB_PLATFORM_DIR": str(Path("src/poetlab/core/platform_specs").resolve())}, check=True,
     )
     wall = time.perf_counter() - started  # with the interpreter's start and its imports (torch, in that code)
     answer = json.loads(out.stdout.strip().splitlines()[-1])

@@ -125,10 +125,20 @@ def test_platform_directory_and_unknown_name(tmp_path, monkeypatch):
 
 def test_the_data_folder_comes_from_poetlab_data(monkeypatch, tmp_path):
     from poetlab.core.data import DATA_DIR_ENV, data_dir
+    from poetlab.torch.host_profile import default_profile_dir
 
-    (tmp_path / "platforms").mkdir()
-    (tmp_path / "platforms" / "a72.yaml").write_text((data_dir() / "platforms" / "a72.yaml").read_text())
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
-    monkeypatch.delenv("POETLAB_PLATFORM_DIR", raising=False)
     assert data_dir() == tmp_path
-    assert available_platforms() == ("a72",)
+    assert default_profile_dir() == tmp_path / "profiles"
+    monkeypatch.delenv("POETLAB_PLATFORM_DIR", raising=False)
+    assert available_platforms() == ("a72", "a72nocache", "jetsontx2", "m0", "m4")  # built in, not data
+
+
+def test_platform_names_work_outside_a_checkout(run_cli, tmp_path):
+    """From a folder with no data/ above it and no POETLAB_DATA, the paper's platforms still load."""
+    listed = run_cli("platforms", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "m4" in listed.stdout and "a72" in listed.stdout
+    solved = run_cli("solve", "--model", "linear", "--platform", "m4", "--ram-budget", "3800", "--time-limit", "5", cwd=tmp_path)
+    assert solved.returncode == 0, solved.stderr
+    assert "optimal" in solved.stdout

@@ -76,7 +76,7 @@ def finite_float(text: str) -> float:
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="paper model or torch model name (see `poetlab models`)")
     parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`), `host`, or a platform YAML file")
-    parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the checkout's data/platforms)")
+    parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the paper's devices built into poetlab)")
     parser.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1)")
     parser.add_argument("--fuse", action="store_true", help="torch models: fuse cheap element-wise nodes into their producers")
     parser.add_argument("--profile", default=None, metavar="FILE", help="host profile JSON (default: data/profiles/host-MODEL.json, else any host profile there)")

@@ -1,6 +1,7 @@
-"""Where the kit's data lives (platform specs, host profiles): ``$POETLAB_DATA`` when set, else the nearest
+"""Where the kit's data lives (measured host profiles, kept schedules): ``$POETLAB_DATA`` when set, else the nearest
 ``data/`` folder in the working directory or above it (a checkout's, wherever the command runs inside it).
-The package never locates data by its own path, so an installed poetlab works on any data folder."""
+The package never locates data by its own path, so an installed poetlab works on any data folder. (The paper's
+platforms are not data: they ship inside the package, see :data:`poetlab.core.platforms.BUILTIN_PLATFORM_DIR`.)"""
 
 from __future__ import annotations
 

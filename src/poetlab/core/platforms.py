@@ -1,6 +1,6 @@
 """Platforms: the coefficients of a device, loaded and validated from YAML.
 
-A platform file (``data/platforms/<name>.yaml``) gives each coefficient as a mapping with a ``value``,
+A platform file (``<name>.yaml``; the paper's devices ship with the package in ``platform_specs/``) gives each coefficient as a mapping with a ``value``,
 its ``unit`` and its ``source``. A value may be a plain number or an arithmetic expression over numbers
 (``2000 / (0.012 * 0.020 * 3.3)``): the release writes its coefficients as such expressions, and keeping
 them lets us evaluate exactly the same floating-point operations, so that our costs match the
@@ -22,7 +22,6 @@ from typing import Any
 import yaml
 
 from poetlab.core.files import read_text_or_raise
-from poetlab.core.data import DATA_DIR_ENV, data_dir
 from poetlab.errors import PlatformSpecError, UnknownNameError
 
 #: The name of this machine as a platform: measured by `poetlab profile` (data/profiles), not a YAML file.
@@ -264,12 +263,20 @@ def _with_path(platform: Platform, path: Path) -> Platform:
     return Platform(**values)
 
 
+#: The paper's devices (m0, m4, a72, a72nocache, jetsontx2). They ship inside the package, beside this
+#: module, because they define what a platform name means: a name works wherever poetlab is installed,
+#: with or without a checkout's data folder.
+BUILTIN_PLATFORM_DIR = Path(__file__).with_name("platform_specs")
+
+
 def default_platform_dir() -> Path:
-    """Where the tracked platform files are: ``$POETLAB_PLATFORM_DIR``, else ``platforms/`` of :func:`data_dir`."""
+    """Where platform names are looked up: ``$POETLAB_PLATFORM_DIR``, else the built-in
+    :data:`BUILTIN_PLATFORM_DIR`. A device of your own is a YAML file passed by path, or a folder of
+    them passed as ``platform_dir`` (``--platform-dir``)."""
     env = os.environ.get(PLATFORM_DIR_ENV)
     if env:
         return Path(env)
-    return data_dir() / "platforms"
+    return BUILTIN_PLATFORM_DIR
 
 
 def available_platforms(platform_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
@@ -277,7 +284,7 @@ def available_platforms(platform_dir: str | os.PathLike[str] | None = None) -> t
     directory = Path(platform_dir) if platform_dir is not None else default_platform_dir()
     if not directory.is_dir():
         raise PlatformSpecError(
-            f"platform directory {directory} not found; run from a poetlab checkout or set {DATA_DIR_ENV} or {PLATFORM_DIR_ENV}"
+            f"platform directory {directory} not found; unset {PLATFORM_DIR_ENV} or point it (or --platform-dir) at a folder of platform YAML files"
         )
     return tuple(sorted(p.stem for p in directory.glob("*.yaml")))
 
