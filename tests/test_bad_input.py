@@ -438,3 +438,93 @@ def test_dvc_commands_paste_no_parameter_and_check_first():
         assert "${" not in cmd, f"{name}: a parameter pasted into the shell command {cmd!r}"  # (the notebooks read the preset)
         if "papermill" in cmd:
             assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
+
+
+# ---- 6. signals: the HiGHS worker dies with its parent, page files go with an execute -------------
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == pid and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(condition, timeout_s: float, what: str):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start_cli(*args: str, cwd: Path):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "poetlab", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# a MILP that runs for minutes: a tight budget and no gap tolerance (stopped long before its limit)
+LONG_SOLVE = ("solve", "--model", "resnet18_cifar", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "400000",
+              "--solver", "highs", "--mip-gap", "0", "--time-limit", "300")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_signal_to_solve_leaves_no_worker(how, tmp_path):
+    import signal
+
+    process = _start_cli(*LONG_SOLVE, cwd=tmp_path)
+    try:
+        workers = _wait_for(lambda: _children(process.pid), 120, "the HiGHS worker to start")
+        process.send_signal(getattr(signal, how))
+        _, stderr = process.communicate(timeout=30)
+        _wait_for(lambda: not any(_alive(w) for w in workers), 10, "the worker to die with its parent")  # SIGKILL: the worker's own watch
+    finally:
+        if process.poll() is None:
+            process.kill()
+    if how != "SIGKILL":
+        assert process.returncode == {"SIGTERM": 143, "SIGINT": 130}[how], stderr
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+def test_signal_to_execute_removes_page_files(how, tmp_path):
+    import signal
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    # bert_small_torch at 462,000 bytes pages one tensor out every step; 100,000 steps run for minutes
+    process = _start_cli("execute", "--model", "bert_small_torch", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "462000",
+                         "--steps", "100000", "--time-limit", "30", "--paging-dir", str(pages), cwd=tmp_path)
+    try:
+        _wait_for(lambda: list(pages.glob("poetlab-pages-*/*.bin")), 240, "a page file")
+        process.send_signal(getattr(signal, how))
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == {"SIGTERM": 143, "SIGINT": 130}[how], stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert list(pages.iterdir()) == [], "the paging directory was left behind"
