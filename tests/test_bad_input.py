@@ -438,6 +438,10 @@ def test_dvc_commands_paste_no_parameter_and_check_first():
         assert "${" not in cmd, f"{name}: a parameter pasted into the shell command {cmd!r}"  # (the notebooks read the preset)
         if "papermill" in cmd:
             assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
+            assert "experiments/params_checked.txt" in stage["deps"], f"{name}: runs before the params_check stage"
+            assert "git checkout experiments" in cmd, f"{name}: a failure does not say how to restore the outputs"
+    check = stages["params_check"]
+    assert check["params"] == ["preset", "presets.${preset}"] and check["outs"] == [{"experiments/params_checked.txt": {"cache": False, "persist": True}}]
 
 
 # ---- 6. signals: the HiGHS worker dies with its parent, page files go with an execute -------------
@@ -528,3 +532,52 @@ def test_signal_to_execute_removes_page_files(how, tmp_path):
     assert process.returncode == {"SIGTERM": 143, "SIGINT": 130}[how], stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
     assert list(pages.iterdir()) == [], "the paging directory was left behind"
+
+
+# ---- 7. `dvc repro` with a wrong parameter stops before DVC removes any output --------------------
+def _wrong_platform(section: dict) -> None:
+    if "platforms" in section:
+        section["platforms"] = [*section["platforms"][:1], "nosuch"]
+    elif "platform" in section:
+        section["platform"] = "nosuch"
+    else:
+        section["cases"] = [[section["cases"][0][0], "nosuch"]]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+PLATFORM_STAGES = ("graphs", "baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "techniques_frontier")
+
+
+@pytest.mark.parametrize("stage", [stage if stage == "fig3_frontier" else pytest.param(stage, marks=pytest.mark.slow) for stage in PLATFORM_STAGES])
+def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
+    """Real `dvc repro` in a copy of the checkout (its tracked files as they are in the working tree), the
+    smoke preset with an unknown platform in one stage: the params_check stage stops it before DVC
+    removes any stage's outputs, so every committed output is still there, byte for byte."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True, timeout=60)
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["preset"] = "smoke"
+    _wrong_platform(params["presets"]["smoke"][stage])
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    before = {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")}
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(copy / "src"))
+    env.pop("POETLAB_DATA", None)
+    env.pop("POETLAB_PLATFORM_DIR", None)
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode != 0, result.stdout
+    assert f"presets.smoke.{stage}." in result.stderr and "unknown platform 'nosuch'" in result.stderr, result.stderr
+    assert "Running stage 'params_check'" in result.stdout and "Running stage" not in result.stdout.replace("Running stage 'params_check'", ""), result.stdout
+    assert {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")} == before, "an output was removed or changed"
