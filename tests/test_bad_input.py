@@ -581,3 +581,104 @@ def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
     assert f"presets.smoke.{stage}." in result.stderr and "unknown platform 'nosuch'" in result.stderr, result.stderr
     assert "Running stage 'params_check'" in result.stdout and "Running stage" not in result.stdout.replace("Running stage 'params_check'", ""), result.stdout
     assert {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")} == before, "an output was removed or changed"
+
+
+# ---- 8. graph and schedule files of more nodes than the cap ---------------------------------------
+def _huge_schedule(tmp_path: Path, n_nodes: int, stage: int = 0) -> Path:
+    path = tmp_path / "huge.json"
+    path.write_text(f'{{"format": "poetlab.Schedule", "version": 1, "n_nodes": {n_nodes}, "ops": [["compute", 0, {stage}]]}}')
+    return path
+
+
+def _huge_graph(tmp_path: Path, n_nodes: int) -> Path:
+    import json
+
+    node = {"name": "n", "kind": "op", "inputs": [], "output_shape": [1], "output_bytes": 4, "flop": 1.0}
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({"format": "poetlab.TrainingGraph", "version": 1, "name": "huge", "nodes": [node] * n_nodes}))
+    return path
+
+
+OVERSIZED = {
+    "schedule_1e6_nodes": lambda tmp: ("schedule", _huge_schedule(tmp, 10**6)),
+    "schedule_1e18_nodes": lambda tmp: ("schedule", _huge_schedule(tmp, 10**18)),
+    "schedule_huge_stage": lambda tmp: ("schedule", _huge_schedule(tmp, 4, stage=10**9)),
+    "graph_20k_nodes": lambda tmp: ("graph", _huge_graph(tmp, 20_000)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERSIZED))
+def test_file_over_the_node_cap_is_refused_before_allocating(case, tmp_path):
+    import resource
+
+    from poetlab.core.graph import MAX_FILE_NODES, TrainingGraph
+    from poetlab.core.schedule import Schedule
+
+    kind, path = OVERSIZED[case](tmp_path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PoetlabError) as info:
+        (Schedule.load if kind == "schedule" else TrainingGraph.load)(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and f"{MAX_FILE_NODES:,}" in message and "MAX_FILE_NODES" in message
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing the size of the file's claim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.json"]
+
+
+def test_files_at_the_node_cap_still_load(tmp_path):
+    from poetlab.core.graph import MAX_FILE_NODES
+    from poetlab.core.schedule import Schedule
+
+    assert Schedule.load(_huge_schedule(tmp_path, MAX_FILE_NODES, stage=MAX_FILE_NODES - 1)).n_nodes == MAX_FILE_NODES
+
+
+# ---- 9. every kept schedule records its graph -----------------------------------------------------
+KEPT = sorted((REPO / "data" / "schedules").glob("*.json"))
+
+
+def test_every_tracked_schedule_records_its_graph():
+    from poetlab.core.schedule import Schedule
+
+    assert KEPT
+    for path in KEPT:
+        assert Schedule.load(path).graph_fingerprint is not None, f"{path.name}: no graph fingerprint, so loading it checks no graph"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", KEPT, ids=[p.stem for p in KEPT])
+def test_tracked_schedule_fingerprint_is_its_traced_graph(path):
+    """As bench_execute.py traces its cases (fused, the file's batch size): the fingerprint is that graph's."""
+    import re
+
+    from poetlab.core.schedule import Schedule
+    from poetlab.torch.models import build_torch_model
+    from poetlab.torch.trace import trace
+
+    name, batch = re.fullmatch(r"(.+)-x(\d+)-[0-9.]+-\w+", path.stem).groups()
+    model = build_torch_model(name, int(batch))
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
+    assert Schedule.load(path, graph).graph_fingerprint == graph.fingerprint
+
+
+def test_kept_plan_without_fingerprint_gets_it_once_it_replays(tmp_path):
+    import dataclasses
+
+    from poetlab.core.costs import CostModel
+    from poetlab.core.paper_models import build_paper_graph
+    from poetlab.core.platforms import load_platform
+    from poetlab.core.schedule import Schedule, checkpoint_all_schedule, simulate
+    from poetlab.planners.kept_plans import planned_schedule
+
+    graph = build_paper_graph("linear")
+    costs = CostModel.from_flops(graph, load_platform("a72", PLATFORM_DIR))
+    budget = 0.7 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    planned, status, _ = planned_schedule(graph, costs, budget, "plan", "poet", 10.0, tmp_path)
+    assert planned is not None and status != "loaded"
+    path = tmp_path / "plan.json"
+    dataclasses.replace(Schedule.load(path), graph_fingerprint=None).save(path)  # as files were kept before
+    assert '"graph"' not in path.read_text()
+    schedule, status, message = planned_schedule(graph, costs, budget, "plan", "poet", 10.0, tmp_path)
+    assert status == "loaded" and "fingerprint recorded" in message and schedule.ops == planned.ops
+    assert Schedule.load(path).graph_fingerprint == graph.fingerprint
+    with pytest.raises(PoetlabError, match="another graph"):
+        Schedule.load(path, build_paper_graph("resnet18_cifar"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
