@@ -682,3 +682,38 @@ def test_kept_plan_without_fingerprint_gets_it_once_it_replays(tmp_path):
     with pytest.raises(PoetlabError, match="another graph"):
         Schedule.load(path, build_paper_graph("resnet18_cifar"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_worker_dies_with_a_killed_parent_even_when_idle(tmp_path):
+    """The worker's own guard, alone: its stdin stays open (this test holds the pipe) and its messages go to
+    /dev/null, so neither end of file nor a broken pipe would end it; its parent killed outright must."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from poetlab.planners.poet import backends
+
+    read_end, write_end = os.pipe()
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        f"worker = subprocess.Popen([sys.executable, '-I', {str(backends._WORKER)!r}, str(os.getpid())], stdin={read_end}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(worker.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True, pass_fds=(read_end,), cwd=tmp_path)
+    os.close(read_end)
+    worker = 0
+    try:
+        worker = int(parent.stdout.readline())
+        _wait_for(lambda: Path(f"/proc/{worker}/cmdline").exists() and b"_highs_worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), 60, "the worker")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        _wait_for(lambda: not _alive(worker), 10, "the idle worker to die with its parent")
+    finally:
+        os.close(write_end)
+        if parent.poll() is None:
+            parent.kill()
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)

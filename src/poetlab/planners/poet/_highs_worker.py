@@ -10,9 +10,10 @@ descriptor that was stdout: ('incumbent', objective, x) for each improving solut
 ('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
 never corrupt the message stream; the parent keeps stderr's last line to explain a worker that died.
 
-The worker dies with its parent: on Linux the kernel sends it SIGKILL when the parent goes
-(``PR_SET_PDEATHSIG``), and elsewhere a watchdog thread ends it once its parent process is gone (its
-parent pid changes), so a parent killed outright (SIGKILL, a crash) leaves no solve running on its own.
+The worker dies with its parent, whose pid is its one argument: on Linux the kernel sends it SIGKILL when
+the parent goes (``PR_SET_PDEATHSIG``), and elsewhere a watchdog thread ends it once its parent process is
+gone (its parent pid is no longer that one, which also catches a parent gone before the guard was armed),
+so a parent killed outright (SIGKILL, a crash) leaves no solve running on its own.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ import sys
 import threading
 import time
 
-import numpy as np
-
 
 def _send(stream, message: tuple) -> None:
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -39,9 +38,8 @@ _PR_SET_PDEATHSIG = 1
 _WATCH_EVERY_S = 0.2
 
 
-def _die_with_parent() -> None:
-    """End this process when the parent that started it ends (see the module docstring)."""
-    parent = os.getppid()
+def _die_with_parent(parent: int) -> None:
+    """End this process when ``parent``, the process that started it, ends (see the module docstring)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -58,8 +56,10 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
-def main() -> None:
-    _die_with_parent()
+def main(argv: list[str]) -> None:
+    _die_with_parent(int(argv[0]) if argv else os.getppid())
+    import numpy as np
+
     request = pickle.load(sys.stdin.buffer)
     messages = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed from here on (HiGHS's log) goes to stderr
@@ -112,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
