@@ -439,7 +439,7 @@ def test_dvc_commands_paste_no_parameter_and_check_first():
         if "papermill" in cmd:
             assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
             assert "experiments/params_checked.txt" in stage["deps"], f"{name}: runs before the params_check stage"
-            assert "git checkout experiments" in cmd, f"{name}: a failure does not say how to restore the outputs"
+            assert cmd.endswith(f"|| python -m poetlab.reproduction failed {name}"), f"{name}: a failure does not say how to restore the outputs"
     check = stages["params_check"]
     assert check["params"] == ["preset", "presets.${preset}"] and check["outs"] == [{"experiments/params_checked.txt": {"cache": False, "persist": True}}]
 
@@ -551,11 +551,9 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 PLATFORM_STAGES = ("graphs", "baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "techniques_frontier")
 
 
-@pytest.mark.parametrize("stage", [stage if stage == "fig3_frontier" else pytest.param(stage, marks=pytest.mark.slow) for stage in PLATFORM_STAGES])
-def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
-    """Real `dvc repro` in a copy of the checkout (its tracked files as they are in the working tree), the
-    smoke preset with an unknown platform in one stage: the params_check stage stops it before DVC
-    removes any stage's outputs, so every committed output is still there, byte for byte."""
+def _repo_copy_with_wrong_platform(tmp_path: Path, stage: str) -> tuple[Path, dict[str, str]]:
+    """A copy of the checkout (its tracked files as they are in the working tree), committed to a fresh git
+    repository, on the smoke preset with an unknown platform in ``stage``; and the environment to run it."""
     import os
     import shutil
     import subprocess
@@ -567,20 +565,53 @@ def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
         if (REPO / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
-    subprocess.run(["git", "init", "-q"], cwd=copy, check=True, timeout=60)
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["preset"] = "smoke"
     _wrong_platform(params["presets"]["smoke"][stage])
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    before = {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+        subprocess.run([*git, *command], cwd=copy, check=True, timeout=120)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(copy / "src"))
     env.pop("POETLAB_DATA", None)
     env.pop("POETLAB_PLATFORM_DIR", None)
+    return copy, env
+
+
+def _outputs(copy: Path) -> dict[str, dict[str, bytes]]:
+    return {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")}
+
+
+@pytest.mark.parametrize("stage", [stage if stage == "fig3_frontier" else pytest.param(stage, marks=pytest.mark.slow) for stage in PLATFORM_STAGES])
+def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
+    """Real `dvc repro`, the smoke preset with an unknown platform in one stage: the params_check stage stops
+    it before DVC removes any stage's outputs, so every committed output is still there, byte for byte."""
+    import subprocess
+    import sys
+
+    copy, env = _repo_copy_with_wrong_platform(tmp_path, stage)
+    before = _outputs(copy)
     result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode != 0, result.stdout
     assert f"presets.smoke.{stage}." in result.stderr and "unknown platform 'nosuch'" in result.stderr, result.stderr
     assert "Running stage 'params_check'" in result.stdout and "Running stage" not in result.stdout.replace("Running stage 'params_check'", ""), result.stdout
-    assert {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")} == before, "an output was removed or changed"
+    assert _outputs(copy) == before, "an output was removed or changed"
+
+
+def test_a_failed_stage_says_how_to_restore_and_the_line_works(tmp_path):
+    """`dvc repro -s graphs` skips the params_check stage, so DVC removes the stage's outputs before its own
+    check fails: the stage ends with the restore line, and `git checkout experiments` does restore them."""
+    import subprocess
+    import sys
+
+    copy, env = _repo_copy_with_wrong_platform(tmp_path, "graphs")
+    before = _outputs(copy)
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", "graphs"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode != 0
+    assert "dvc repro: stage graphs failed; `git checkout experiments` restores the committed outputs" in result.stderr, result.stderr
+    assert _outputs(copy) != before  # DVC removed them (what the params_check stage prevents in a plain `dvc repro`)
+    subprocess.run(["git", "checkout", "experiments"], cwd=copy, check=True, capture_output=True, timeout=60)
+    assert _outputs(copy) == before
 
 
 # ---- 8. graph and schedule files of more nodes than the cap ---------------------------------------

@@ -1,5 +1,7 @@
 """``python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE]``: check a stage's parameters
 (``all``: every reproduction stage's) before any notebook runs; one line and exit code 2 when one is wrong.
+``python -m poetlab.reproduction failed STAGE``: what a stage's command runs when it fails (``|| ...``): one
+line saying how to restore the outputs DVC removed before it ran, and exit code 1.
 
 ``dvc.yaml``'s ``params_check`` stage runs ``check all --stamp experiments/params_checked.txt`` and every
 reproduction stage depends on that stamp, so DVC runs the check before it removes any stage's outputs: a
@@ -16,12 +18,15 @@ from poetlab.core.files import write_text_atomic
 from poetlab.errors import PoetlabError
 from poetlab.reproduction.config import STAGES, stage_config
 
-USAGE = "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE]"
+USAGE = "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE] | failed STAGE"
 STAMP_TEXT = "every reproduction stage's parameters in params.yaml passed `python -m poetlab.reproduction check all`\n"
 
 
 def main(argv: list[str]) -> int:
     argv = list(argv)
+    if len(argv) == 2 and argv[0] == "failed":
+        print(f"dvc repro: stage {argv[1]} failed; `git checkout experiments` restores the committed outputs", file=sys.stderr)
+        return 1
     stamp = None
     if "--stamp" in argv:
         at = argv.index("--stamp")
