@@ -438,3 +438,313 @@ def test_dvc_commands_paste_no_parameter_and_check_first():
         assert "${" not in cmd, f"{name}: a parameter pasted into the shell command {cmd!r}"  # (the notebooks read the preset)
         if "papermill" in cmd:
             assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
+            assert "experiments/params_checked.txt" in stage["deps"], f"{name}: runs before the params_check stage"
+            assert cmd.endswith(f"|| python -m poetlab.reproduction failed {name}"), f"{name}: a failure does not say how to restore the outputs"
+    check = stages["params_check"]
+    assert check["params"] == ["preset", "presets.${preset}"] and check["outs"] == [{"experiments/params_checked.txt": {"cache": False, "persist": True}}]
+
+
+# ---- 6. signals: the HiGHS worker dies with its parent, page files go with an execute -------------
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid``, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if int(ppid) == pid and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(condition, timeout_s: float, what: str):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start_cli(*args: str, cwd: Path):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "poetlab", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# a MILP that runs for minutes: a tight budget and no gap tolerance (stopped long before its limit)
+LONG_SOLVE = ("solve", "--model", "resnet18_cifar", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "400000",
+              "--solver", "highs", "--mip-gap", "0", "--time-limit", "300")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_signal_to_solve_leaves_no_worker(how, tmp_path):
+    import signal
+
+    process = _start_cli(*LONG_SOLVE, cwd=tmp_path)
+    try:
+        workers = _wait_for(lambda: _children(process.pid), 120, "the HiGHS worker to start")
+        process.send_signal(getattr(signal, how))
+        _, stderr = process.communicate(timeout=30)
+        _wait_for(lambda: not any(_alive(w) for w in workers), 10, "the worker to die with its parent")  # SIGKILL: the worker's own watch
+    finally:
+        if process.poll() is None:
+            process.kill()
+    if how != "SIGKILL":
+        assert process.returncode == {"SIGTERM": 143, "SIGINT": 130}[how], stderr
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT"])
+def test_signal_to_execute_removes_page_files(how, tmp_path):
+    import signal
+
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    # bert_small_torch at 462,000 bytes pages one tensor out every step; 100,000 steps run for minutes
+    process = _start_cli("execute", "--model", "bert_small_torch", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "462000",
+                         "--steps", "100000", "--time-limit", "30", "--paging-dir", str(pages), cwd=tmp_path)
+    try:
+        _wait_for(lambda: list(pages.glob("poetlab-pages-*/*.bin")), 240, "a page file")
+        process.send_signal(getattr(signal, how))
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == {"SIGTERM": 143, "SIGINT": 130}[how], stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert list(pages.iterdir()) == [], "the paging directory was left behind"
+
+
+# ---- 7. `dvc repro` with a wrong parameter stops before DVC removes any output --------------------
+def _wrong_platform(section: dict) -> None:
+    if "platforms" in section:
+        section["platforms"] = [*section["platforms"][:1], "nosuch"]
+    elif "platform" in section:
+        section["platform"] = "nosuch"
+    else:
+        section["cases"] = [[section["cases"][0][0], "nosuch"]]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+PLATFORM_STAGES = ("graphs", "baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "techniques_frontier")
+
+
+def _repo_copy_with_wrong_platform(tmp_path: Path, stage: str) -> tuple[Path, dict[str, str]]:
+    """A copy of the checkout (its tracked files as they are in the working tree), committed to a fresh git
+    repository, on the smoke preset with an unknown platform in ``stage``; and the environment to run it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "repo"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["preset"] = "smoke"
+    _wrong_platform(params["presets"]["smoke"][stage])
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+        subprocess.run([*git, *command], cwd=copy, check=True, timeout=120)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(copy / "src"))
+    env.pop("POETLAB_DATA", None)
+    env.pop("POETLAB_PLATFORM_DIR", None)
+    return copy, env
+
+
+def _outputs(copy: Path) -> dict[str, dict[str, bytes]]:
+    return {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")}
+
+
+@pytest.mark.parametrize("stage", [stage if stage == "fig3_frontier" else pytest.param(stage, marks=pytest.mark.slow) for stage in PLATFORM_STAGES])
+def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
+    """Real `dvc repro`, the smoke preset with an unknown platform in one stage: the params_check stage stops
+    it before DVC removes any stage's outputs, so every committed output is still there, byte for byte."""
+    import subprocess
+    import sys
+
+    copy, env = _repo_copy_with_wrong_platform(tmp_path, stage)
+    before = _outputs(copy)
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode != 0, result.stdout
+    assert f"presets.smoke.{stage}." in result.stderr and "unknown platform 'nosuch'" in result.stderr, result.stderr
+    assert "Running stage 'params_check'" in result.stdout and "Running stage" not in result.stdout.replace("Running stage 'params_check'", ""), result.stdout
+    assert _outputs(copy) == before, "an output was removed or changed"
+
+
+def test_a_failed_stage_says_how_to_restore_and_the_line_works(tmp_path):
+    """`dvc repro -s graphs` skips the params_check stage, so DVC removes the stage's outputs before its own
+    check fails: the stage ends with the restore line, and `git checkout experiments` does restore them."""
+    import subprocess
+    import sys
+
+    copy, env = _repo_copy_with_wrong_platform(tmp_path, "graphs")
+    before = _outputs(copy)
+    result = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", "graphs"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode != 0
+    assert "dvc repro: stage graphs failed; `git checkout experiments` restores the committed outputs" in result.stderr, result.stderr
+    assert _outputs(copy) != before  # DVC removed them (what the params_check stage prevents in a plain `dvc repro`)
+    subprocess.run(["git", "checkout", "experiments"], cwd=copy, check=True, capture_output=True, timeout=60)
+    assert _outputs(copy) == before
+
+
+# ---- 8. graph and schedule files of more nodes than the cap ---------------------------------------
+def _huge_schedule(tmp_path: Path, n_nodes: int, stage: int = 0) -> Path:
+    path = tmp_path / "huge.json"
+    path.write_text(f'{{"format": "poetlab.Schedule", "version": 1, "n_nodes": {n_nodes}, "ops": [["compute", 0, {stage}]]}}')
+    return path
+
+
+def _huge_graph(tmp_path: Path, n_nodes: int) -> Path:
+    import json
+
+    node = {"name": "n", "kind": "op", "inputs": [], "output_shape": [1], "output_bytes": 4, "flop": 1.0}
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({"format": "poetlab.TrainingGraph", "version": 1, "name": "huge", "nodes": [node] * n_nodes}))
+    return path
+
+
+OVERSIZED = {
+    "schedule_1e6_nodes": lambda tmp: ("schedule", _huge_schedule(tmp, 10**6)),
+    "schedule_1e18_nodes": lambda tmp: ("schedule", _huge_schedule(tmp, 10**18)),
+    "schedule_huge_stage": lambda tmp: ("schedule", _huge_schedule(tmp, 4, stage=10**9)),
+    "graph_20k_nodes": lambda tmp: ("graph", _huge_graph(tmp, 20_000)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OVERSIZED))
+def test_file_over_the_node_cap_is_refused_before_allocating(case, tmp_path):
+    import resource
+
+    from poetlab.core.graph import MAX_FILE_NODES, TrainingGraph
+    from poetlab.core.schedule import Schedule
+
+    kind, path = OVERSIZED[case](tmp_path)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(PoetlabError) as info:
+        (Schedule.load if kind == "schedule" else TrainingGraph.load)(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and f"{MAX_FILE_NODES:,}" in message and "MAX_FILE_NODES" in message
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing the size of the file's claim
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.json"]
+
+
+def test_files_at_the_node_cap_still_load(tmp_path):
+    from poetlab.core.graph import MAX_FILE_NODES
+    from poetlab.core.schedule import Schedule
+
+    assert Schedule.load(_huge_schedule(tmp_path, MAX_FILE_NODES, stage=MAX_FILE_NODES - 1)).n_nodes == MAX_FILE_NODES
+
+
+# ---- 9. every kept schedule records its graph -----------------------------------------------------
+KEPT = sorted((REPO / "data" / "schedules").glob("*.json"))
+
+
+def test_every_tracked_schedule_records_its_graph():
+    from poetlab.core.schedule import Schedule
+
+    assert KEPT
+    for path in KEPT:
+        assert Schedule.load(path).graph_fingerprint is not None, f"{path.name}: no graph fingerprint, so loading it checks no graph"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", KEPT, ids=[p.stem for p in KEPT])
+def test_tracked_schedule_fingerprint_is_its_traced_graph(path):
+    """As bench_execute.py traces its cases (fused, the file's batch size): the fingerprint is that graph's."""
+    import re
+
+    from poetlab.core.schedule import Schedule
+    from poetlab.torch.models import build_torch_model
+    from poetlab.torch.trace import trace
+
+    name, batch = re.fullmatch(r"(.+)-x(\d+)-[0-9.]+-\w+", path.stem).groups()
+    model = build_torch_model(name, int(batch))
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
+    assert Schedule.load(path, graph).graph_fingerprint == graph.fingerprint
+
+
+def test_kept_plan_without_fingerprint_gets_it_once_it_replays(tmp_path):
+    import dataclasses
+
+    from poetlab.core.costs import CostModel
+    from poetlab.core.paper_models import build_paper_graph
+    from poetlab.core.platforms import load_platform
+    from poetlab.core.schedule import Schedule, checkpoint_all_schedule, simulate
+    from poetlab.planners.kept_plans import planned_schedule
+
+    graph = build_paper_graph("linear")
+    costs = CostModel.from_flops(graph, load_platform("a72", PLATFORM_DIR))
+    budget = 0.7 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    planned, status, _ = planned_schedule(graph, costs, budget, "plan", "poet", 10.0, tmp_path)
+    assert planned is not None and status != "loaded"
+    path = tmp_path / "plan.json"
+    dataclasses.replace(Schedule.load(path), graph_fingerprint=None).save(path)  # as files were kept before
+    assert '"graph"' not in path.read_text()
+    schedule, status, message = planned_schedule(graph, costs, budget, "plan", "poet", 10.0, tmp_path)
+    assert status == "loaded" and "fingerprint recorded" in message and schedule.ops == planned.ops
+    assert Schedule.load(path).graph_fingerprint == graph.fingerprint
+    with pytest.raises(PoetlabError, match="another graph"):
+        Schedule.load(path, build_paper_graph("resnet18_cifar"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_worker_dies_with_a_killed_parent_even_when_idle(tmp_path):
+    """The worker's own guard, alone: its stdin stays open (this test holds the pipe) and its messages go to
+    /dev/null, so neither end of file nor a broken pipe would end it; its parent killed outright must."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from poetlab.planners.poet import backends
+
+    read_end, write_end = os.pipe()
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        f"worker = subprocess.Popen([sys.executable, '-I', {str(backends._WORKER)!r}, str(os.getpid())], stdin={read_end}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "print(worker.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True, pass_fds=(read_end,), cwd=tmp_path)
+    os.close(read_end)
+    worker = 0
+    try:
+        worker = int(parent.stdout.readline())
+        _wait_for(lambda: Path(f"/proc/{worker}/cmdline").exists() and b"_highs_worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), 60, "the worker")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        _wait_for(lambda: not _alive(worker), 10, "the idle worker to die with its parent")
+    finally:
+        os.close(write_end)
+        if parent.poll() is None:
+            parent.kill()
+        if worker and _alive(worker):
+            os.kill(worker, signal.SIGKILL)

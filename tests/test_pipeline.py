@@ -32,7 +32,7 @@ def test_presets_share_their_stages():
     assert set(params["presets"]) == {"smoke", "default", "full"}
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     parameterized = {name for name, stage in stages.items() if f"presets.${{preset}}.{name}" in stage.get("params", [])}
-    assert set(stages) - parameterized == {"profile_host"}  # measures the machine: no knobs, frozen
+    assert set(stages) - parameterized == {"profile_host", "params_check"}  # the machine measured (frozen); every stage's knobs checked
     assert stages["profile_host"]["frozen"] is True
     for preset in params["presets"].values():
         assert parameterized <= set(preset)
@@ -98,7 +98,8 @@ def _stale_stages(repo) -> set[str]:
 
 def test_changing_one_value_reruns_only_the_stages_that_read_it(tmp_path):
     """DVC's view of the pipeline: a value of one stage's preset section makes that stage stale and no
-    other (claims and report re-run after it only if its outputs change). Compared with the clone's own
+    other but the parameter check of every stage, whose unchanged stamp re-runs nothing (claims and
+    report re-run after it only if its outputs change). Compared with the clone's own
     status before the edit, so a lock that is not current for other reasons does not change the verdict."""
     clone = tmp_path / "repo"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=120)
@@ -107,4 +108,4 @@ def test_changing_one_value_reruns_only_the_stages_that_read_it(tmp_path):
     section = params["presets"][params["preset"]]["table3_pofo"]
     section["runtime_factor"] = float(section["runtime_factor"]) + 0.5
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    assert _stale_stages(clone) - before == {"table3_pofo"} - before
+    assert _stale_stages(clone) - before == {"table3_pofo", "params_check"} - before  # (the check reads every section)

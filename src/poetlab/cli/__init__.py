@@ -1,7 +1,9 @@
 """The ``poetlab`` command: a thin shell over the package's functions.
 
 Errors a person can fix (a :class:`~poetlab.errors.PoetlabError`) are printed as one line on stderr
-and exit with code 2, as argparse does for bad flags.
+and exit with code 2, as argparse does for bad flags. SIGTERM ends a command as Ctrl-C (SIGINT) does: the
+exception unwinds through every ``finally``, so a HiGHS worker is killed with its parent and the page
+files of ``poetlab execute`` are removed, and the command exits 143 (128 + SIGTERM) with one line.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from poetlab import __version__
@@ -123,11 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived: a BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     guarded = _GuardedStdout(sys.stdout)
     sys.stdout = guarded
+    on_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if on_main_thread else None
     try:
         code = args.run(args)
         guarded.flush()
@@ -138,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("poetlab: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("poetlab: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except _StdoutError as exc:
         # stdout closed (`| head -1`: quiet, as Unix tools are) or full (`> /dev/full`: one line).
         _silence_stdout(guarded.stream)
@@ -146,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         sys.stdout = guarded.stream
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 class _StdoutError(Exception):

@@ -21,6 +21,11 @@ from poetlab.core.files import parse_json, read_json_file, write_text_atomic
 from poetlab.errors import GraphFileError, InvalidArgumentError
 
 GRAPH_FORMAT_VERSION = 1
+#: The most nodes a graph or schedule file may hold, checked before anything is built from it. POET's MILP
+#: has O(T²) variables (ResNet-50's 335 nodes already take minutes) and a schedule's matrix view takes
+#: 8·T² bytes (800 MB here; a file of 10^6 nodes would ask for 7.3 TiB), while the largest built-in graph
+#: (paper ResNet-50) has 335 nodes.
+MAX_FILE_NODES = 10_000
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,8 @@ class TrainingGraph:
         try:
             if not isinstance(data["nodes"], list):
                 raise GraphFileError(f"{origin}: field 'nodes' must be a list of nodes")
+            if len(data["nodes"]) > MAX_FILE_NODES:
+                raise GraphFileError(f"{origin}: {len(data['nodes']):,} nodes, more than the {MAX_FILE_NODES:,} a graph file may hold (poetlab.core.graph.MAX_FILE_NODES)")
             nodes = tuple(_node_from_dict(n, f"{origin}: nodes[{i}]") for i, n in enumerate(data["nodes"]))
             metadata = data.get("metadata", {})
             if not isinstance(metadata, dict):

@@ -26,7 +26,7 @@ import numpy as np
 from poetlab.core.files import parse_json, read_json_file, write_text_atomic
 from poetlab.core.costs import CostModel, check_graph_and_costs, check_number
 from poetlab.errors import InvalidArgumentError, PoetlabError, ScheduleFileError
-from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import MAX_FILE_NODES, TrainingGraph
 
 #: the version of the JSON that :meth:`Schedule.to_json` writes
 SCHEDULE_FORMAT_VERSION = 1
@@ -140,6 +140,9 @@ class Schedule:
             raise ScheduleFileError(f"{origin}: not a poetlab schedule (missing format: poetlab.Schedule)")
         if data.get("version") != SCHEDULE_FORMAT_VERSION:
             raise ScheduleFileError(f"{origin}: schedule format version {data.get('version')!r} is not supported (expected {SCHEDULE_FORMAT_VERSION}); plan it again with this poetlab")
+        n_nodes = data.get("n_nodes")
+        if type(n_nodes) is int and n_nodes > MAX_FILE_NODES:  # before any op is built (other values: below)
+            raise ScheduleFileError(f"{origin}: n_nodes is {n_nodes:,}, more than the {MAX_FILE_NODES:,} a schedule file may hold (poetlab.core.graph.MAX_FILE_NODES)")
         try:
             n_nodes = data["n_nodes"]
             ops = tuple(Op(OpKind(kind), node, stage) for kind, node, stage in data["ops"])
@@ -149,6 +152,8 @@ class Schedule:
         numbers = [n_nodes, *(v for op in ops for v in (op.node, op.stage))]
         if any(type(v) is not int or v < 0 for v in numbers) or any(op.node >= n_nodes for op in ops):
             raise ScheduleFileError(f"{origin}: invalid schedule: nodes and stages must be whole numbers from 0, nodes below n_nodes ({n_nodes!r})")
+        if any(op.stage >= MAX_FILE_NODES for op in ops):
+            raise ScheduleFileError(f"{origin}: a stage number of {max(op.stage for op in ops):,}, more than the {MAX_FILE_NODES:,} stages a schedule file may hold (poetlab.core.graph.MAX_FILE_NODES)")
         fingerprint = data.get("graph")
         if fingerprint is not None and not (isinstance(fingerprint, str) and fingerprint.isalnum() and len(fingerprint) <= 128):
             raise ScheduleFileError(f"{origin}: invalid schedule: field 'graph' must be a graph fingerprint (letters and digits), got {fingerprint!r}")

@@ -21,7 +21,9 @@ def planned_schedule(graph, costs, budget: float, key: str, planner: str, time_l
     ``KEY.json`` and read back on the next run (status ``loaded``; ``replan`` plans it again and keeps the
     new one): a time-limited MILP returns another schedule from run to run, and the executor's own time
     follows the schedule it runs, so runs that compare executors, from one stop to the
-    next too, should run the same plans. A kept plan must still fit the budget on this run's graph."""
+    next too, should run the same plans. A kept plan must still fit the budget on this run's graph; one kept
+    before schedule files recorded their graph's fingerprint gets it written in once it replays on this graph
+    within the budget, so that from then on loading it for another graph is refused."""
     if budget >= simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes:
         return checkpoint_all_schedule(graph), "checkpoint_all", ""
     path = schedules / f"{key}.json" if schedules is not None else None
@@ -29,6 +31,9 @@ def planned_schedule(graph, costs, budget: float, key: str, planner: str, time_l
         schedule = Schedule.load(path, graph)
         if schedule.n_nodes != graph.n_nodes or simulate(schedule, graph, costs).peak_ram_bytes > budget:
             raise InvalidArgumentError(f"{path}: planned for another graph or budget; delete it to plan this case again")
+        if schedule.graph_fingerprint is None:  # kept before files recorded their graph: record it now that it replays
+            schedule.save(path, graph)
+            return schedule, "loaded", f"from {path} (its graph's fingerprint recorded)"
         return schedule, "loaded", f"from {path}"
     solved = solve(graph, costs, budget, time_limit_s=time_limit_s, remat=planner != PAGING_ONLY)
     if solved.schedule is not None and path is not None:

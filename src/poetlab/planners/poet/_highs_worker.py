@@ -9,16 +9,23 @@ Reads one pickled request (a dict of plain numpy arrays and numbers, see ``reque
 descriptor that was stdout: ('incumbent', objective, x) for each improving solution and
 ('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
 never corrupt the message stream; the parent keeps stderr's last line to explain a worker that died.
+
+The worker dies with its parent, whose pid is its one argument: on Linux the kernel sends it SIGKILL when
+the parent goes (``PR_SET_PDEATHSIG``), and elsewhere a watchdog thread ends it once its parent process is
+gone (its parent pid is no longer that one, which also catches a parent gone before the guard was armed),
+so a parent killed outright (SIGKILL, a crash) leaves no solve running on its own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
+import signal
 import struct
 import sys
-
-import numpy as np
+import threading
+import time
 
 
 def _send(stream, message: tuple) -> None:
@@ -27,7 +34,32 @@ def _send(stream, message: tuple) -> None:
     stream.flush()
 
 
-def main() -> None:
+_PR_SET_PDEATHSIG = 1
+_WATCH_EVERY_S = 0.2
+
+
+def _die_with_parent(parent: int) -> None:
+    """End this process when ``parent``, the process that started it, ends (see the module docstring)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # the watchdog below still holds
+    if os.getppid() != parent:  # the parent went before the death signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_EVERY_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    _die_with_parent(int(argv[0]) if argv else os.getppid())
+    import numpy as np
+
     request = pickle.load(sys.stdin.buffer)
     messages = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed from here on (HiGHS's log) goes to stderr
@@ -80,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

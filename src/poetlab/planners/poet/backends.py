@@ -1,7 +1,7 @@
 """MILP backends behind one interface: HiGHS (default, always available) and Gurobi (when licensed).
 
 ``run_milp(model, solver=...)`` returns a :class:`MilpSolution` whatever the backend. HiGHS runs in a
-child process (``python -I .../_highs_worker.py``, numpy and highspy only) that streams every improving solution back, and the parent kills it if it outlives its
+child process (``python -I .../_highs_worker.py PARENT_PID``, numpy and highspy only) that streams every improving solution back, and the parent kills it if it outlives its
 time limit: HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
 it), and a solve that must end has to be stoppable from outside. Gurobi honours its limit and runs
 in-process.
@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import os
 import pickle
 import queue
 import struct
@@ -182,7 +183,7 @@ def _solve_highs(
     its time limit. ``stop_at``: an objective value that proves optimality within ``mip_gap`` (from a
     bound the solver does not know): an incumbent at or below it ends the solve as optimal."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-I", str(_WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-I", str(_WORKER), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     inbox: queue.Queue = queue.Queue()
     tail: collections.deque = collections.deque(maxlen=5)
     readers = [
