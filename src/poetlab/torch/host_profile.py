@@ -303,7 +303,9 @@ def default_profile_dir() -> Path:
 
 
 def default_profile_path(model: str | None, fuse: bool = False) -> Path:
-    stem = "host-" + (model or "disk") + ("-fused" if fuse and model else "")
+    from poetlab.torch.user_models import user_model_name
+
+    stem = "host-" + (user_model_name(model) if model else "disk") + ("-fused" if fuse and model else "")
     return default_profile_dir() / f"{stem}.json"
 
 
