@@ -107,3 +107,19 @@ def test_the_cli_takes_a_model_file(run_cli):
     assert solved.returncode == 0, solved.stderr
     bad = run_cli("graph", "--model", "examples/tied.py:nope", "--platform", "a72", cwd=REPO)
     assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "has no function 'nope'" in bad.stderr
+
+
+def test_host_costs_of_any_model_in_one_call_say_which_they_are():
+    """A profile that timed the graph prices each node by its measured time; any other graph is priced by
+    flops at the profile's measured rate, and the call says so."""
+    from poetlab.torch.host_profile import HostProfile
+
+    profile = HostProfile.load(REPO / "data/profiles/host-resnet18_cifar_torch-fused.json")
+    model = load_user_model(f"{EXAMPLES}/tied.py:make")
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets)
+    costs, source = poetlab.host_costs(graph, profile)
+    assert source == "flops at the measured rate"
+    assert costs.runtime_s[1] == pytest.approx(graph.nodes[1].flop / profile.flops_per_s)
+    timed = poetlab.trace_torch_model("resnet18_cifar_torch", profile.model.batch_size, fuse=True)
+    _, source = poetlab.host_costs(timed, profile)
+    assert source == "profiled"

@@ -99,17 +99,17 @@ def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
 
 
 def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
-    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate."""
-    from poetlab.torch.host_profile import HostProfile, find_host_profile
+    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate
+    (:func:`poetlab.torch.host_profile.host_costs`, saying which)."""
+    from poetlab.torch.host_profile import find_host_profile, host_costs as costs_on_host
 
     path = args.profile or find_host_profile(args.model, args.fuse)
-    profile = HostProfile.load(path)
-    timed = profile.model
-    if timed is not None and tuple(n.name for n in timed.nodes) == tuple(n.name for n in graph.nodes):
+    costs, source = costs_on_host(graph, path)
+    if source == "profiled":
         log.info("host costs: per-node times measured in %s", path)
-        return CostModel.from_profile(graph, profile)
-    log.warning("%s has no per-node timings for this graph; costing it by flops at the host's measured %.3g flop/s", path, profile.flops_per_s)
-    return CostModel.from_flops(graph, profile.platform())
+    else:
+        log.warning("%s has no per-node timings for this graph; costing it by %s", path, source)
+    return costs
 
 
 def graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:
