@@ -2,8 +2,8 @@
 
 The contract: the file defines ``FUNCTION()`` (no arguments) returning ``(module, inputs, targets,
 loss_fn)``: an ``nn.Module`` in the mode to train in, the example batch (a tensor or a tuple of tensors:
-the module's positional inputs), the targets (anything ``loss_fn`` takes, or None) and
-``loss_fn(output, targets)`` (``loss_fn(output)`` when targets is None) returning a scalar tensor. The
+the module's positional inputs), the targets (anything ``loss_fn`` takes; not None: the executor calls
+``loss_fn(output, targets)``) and ``loss_fn`` returning a scalar tensor. The
 example batch fixes the shapes: the graph is traced, planned and executed at them. ``examples/`` holds
 models written to it; every command that takes a model name takes such a spec instead
 (``poetlab solve --model examples/unet.py:make ...``), and so do :func:`poetlab.torch.models.build_torch_model`
@@ -102,6 +102,8 @@ def load_user_model(spec: str):
         raise InvalidArgumentError(f"{path}:{function} must return an nn.Module first, got {type(module).__name__}")
     if not _tensors(inputs):
         raise InvalidArgumentError(f"{path}:{function}'s inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}")
+    if targets is None:
+        raise InvalidArgumentError(f"{path}:{function}'s targets must not be None (the step calls loss_fn(output, targets)); return a dummy such as 0")
     if not callable(loss_fn):
         raise InvalidArgumentError(f"{path}:{function}'s loss_fn must be callable, got {type(loss_fn).__name__}")
     return UserModel(spec, module, inputs if isinstance(inputs, torch.Tensor) else tuple(inputs), targets, loss_fn)
