@@ -3,7 +3,8 @@
 The paper-faithful models (:mod:`poetlab.core.paper_models`) flatten the backward pass into a chain. A traced
 model instead mirrors what autograd does, found by running one real training step:
 
-- **Forward nodes** are the nodes of ``torch.fx.symbolic_trace`` at module granularity: one per
+- **Forward nodes** are the nodes of an fx trace with concrete shapes (:mod:`poetlab.torch.fx_trace`: no
+  node is a shape value) at module granularity: one per
   ``call_module`` (torch's own modules are leaves, e.g. ``Conv2d``, ``TransformerEncoderLayer``),
   ``call_function`` (``operator.add``...) and ``call_method``. Each placeholder becomes an ``input``
   node; one ``loss`` node applies ``loss_fn(model_output, targets)``. Shapes and dtypes come from
@@ -35,9 +36,9 @@ after tracing: tracing does not change the model.
 
 Known limits: ``FlopCounterMode`` counts matmuls, convolutions and attention only, so element-wise nodes
 (ReLU, BatchNorm, add...) have 0 flops and are free to recompute under a flop cost model (a measured host
-profile gives them their real time); an in-place operation shares its input's storage, so both nodes
-count the bytes and a saved tensor is attributed to the first of them; targets and parameters are
-constants, never graph tensors.
+profile gives them their real time); an in-place operation shares its input's storage, so it joins its
+producer's node (fused or not) where it is that producer's only reader (otherwise both nodes count the
+bytes); targets, parameters and fx tensor constants are constants, never graph tensors.
 
 **Contract with executors** (how to map every graph node back to fx; ``metadata`` keys):
 
