@@ -134,9 +134,9 @@ def test_poet_schedule_on_the_scheme_graph_runs_with_autograds_gradients(cnn, wh
     full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     footprint, _ = min_footprint_bytes(graph)
     assert footprint < full
-    budget = footprint + 0.5 * (full - footprint)
+    budget = footprint + 0.5 * (full - footprint) + graph.workspace_bytes  # (solve keeps the workspace free)
     solved = poetlab.solve(graph, costs, budget, time_limit_s=10, threads=1, solver="highs")
-    assert solved.schedule is not None and solved.peak_ram_bytes <= budget < full
+    assert solved.schedule is not None and solved.peak_ram_bytes <= budget < full + graph.workspace_bytes
     assert solved.n_recomputes + solved.n_pageouts > 0
     rng = torch.get_rng_state()
     reference = copy.deepcopy(sg.module)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import fx, nn
 
+import poetlab
 from poetlab import TrainingGraph, trace
 from poetlab.torch.models import ResNet18, build_torch_model
 from poetlab.torch.probes import whole_step_flops
@@ -287,3 +290,95 @@ def test_fused_inplace_activation_is_counted_once():
         if not node.is_backward and node.kind.startswith("Conv2d"):
             assert node.kind.startswith("Conv2d+ReLU")
             assert node.output_bytes == 4 * 8 * 8 * 4 and graph.metadata["internal_saved_bytes"][node.name] == 0
+
+
+class TwoGates(nn.Module):
+    """Two modules fx cannot trace, of two classes: one error names both."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.first = Gate()
+        self.second = Clamp()
+
+    def forward(self, x):
+        return self.second(self.first(self.lin(x)))
+
+
+class Clamp(nn.Module):
+    def forward(self, x):
+        while x.max() > 1:  # data-dependent
+            x = x / 2
+        return x
+
+
+class ShapesAndConstants(nn.Module):
+    """Shape values (``x.size(0)``), a tensor made in forward (an fx tensor constant), a plain tensor
+    attribute, and an in-place ReLU on a node's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 3)
+        self.scale = torch.linspace(0.5, 1.5, 8)  # (not a buffer: fx makes it a tensor constant)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        n = x.size(0)
+        h = self.relu(self.lin(x)) * self.scale
+        h = h + torch.arange(8, dtype=x.dtype)  # (made from scratch in forward)
+        return self.out(h.view(n, -1))
+
+
+def test_one_error_names_every_untraceable_module_and_their_classes():
+    with pytest.raises(TraceError) as info:
+        trace(TwoGates(), torch.randn(2, 4), lambda out: out.sum())
+    message = str(info.value)
+    assert "\n" not in message and "2 place(s)" in message
+    assert "module 'first' (Gate)" in message and "module 'second' (Clamp)" in message
+    assert "leaf_modules=('first', 'second',)" in message and "leaf_modules=(Gate, Clamp,)" in message
+
+
+def test_leaf_modules_are_recorded_and_the_executor_honours_them():
+    module = TwoGates()
+    x = torch.randn(2, 4)
+    graph = trace(module, x, lambda out, _: out.sum(), 0, leaf_modules=(Gate, Clamp))
+    assert graph.metadata["leaf_modules"] == ["first", "second"]
+    from poetlab.core.schedule import checkpoint_all_schedule
+    from poetlab.torch.execute import execute
+
+    reference = copy.deepcopy(module)
+    reference(x).sum().backward()
+    execute(module, checkpoint_all_schedule(graph), (x, 0), graph=graph, loss_fn=lambda out, _: out.sum())
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_shapes_and_constants_are_no_storage_and_the_module_is_left_as_it_was(fuse):
+    """No node for ``x.size(0)``; fx's tensor constants are constants of the step (never a node's bytes,
+    nothing freed), taken back off the module; an in-place ReLU traces unfused (one node with its producer);
+    a schedule that frees and recomputes everything it can runs with autograd's gradients."""
+    from poetlab.planners.heuristics import greedy_remat_schedule
+    from poetlab.core.schedule import checkpoint_all_schedule, simulate
+    from poetlab.torch.execute import ScheduleExecutor
+
+    torch.manual_seed(0)
+    module = ShapesAndConstants().train()
+    attributes = set(vars(module))
+    x, y = torch.randn(4, 8), torch.tensor([0, 1, 2, 0])
+    graph = trace(module, x, nn.CrossEntropyLoss(), y, fuse=fuse)
+    assert set(vars(module)) == attributes
+    assert "size" not in graph.metadata["fx_code"]
+    assert not any(node.kind in ("size", "getattr") for node in graph.nodes)
+    assert any("+ReLU" in node.kind for node in graph.nodes)  # (the in-place ReLU with the Linear it writes)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    schedules = [greedy_remat_schedule(graph, costs, f * full) for f in (0.7, 0.8, 0.9, 0.95)]
+    schedule = next(s for s in schedules if s is not None and s.n_recomputes > 0)
+    reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+    executor = ScheduleExecutor(scheduled, graph, schedule, nn.CrossEntropyLoss())
+    for _ in range(2):
+        nn.CrossEntropyLoss()(reference(x), y).backward()
+        executor.step(x, y)
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), scheduled.parameters(), strict=True))
+    assert set(vars(scheduled)) == set(vars(reference))

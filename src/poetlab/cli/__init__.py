@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = commands.add_parser("profile", help="measure this machine (the host platform): node times, paging, power")
     profile.add_argument("--platform", default=HOST, help="only `host` can be profiled")
-    profile.add_argument("--model", default=None, help="a torch model whose traced nodes to time (see `poetlab models`); none: disk and matmul only")
+    profile.add_argument("--model", default=None, help="a torch model whose traced nodes to time (see `poetlab models`) or path/to/file.py:FUNCTION; none: disk and matmul only")
     profile.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1)")
     profile.add_argument("--fuse", action="store_true", help="time the fused graph's nodes")
     profile.add_argument("--paging-dir", default=".", metavar="DIR", help="directory on the device paging would use (default: the current directory)")

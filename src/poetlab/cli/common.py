@@ -74,10 +74,10 @@ def finite_float(text: str) -> float:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="paper model or torch model name (see `poetlab models`)")
+    parser.add_argument("--model", required=True, help="paper model or torch model name (see `poetlab models`), or your own: path/to/file.py:FUNCTION")
     parser.add_argument("--platform", required=True, help="platform name (see `poetlab platforms`), `host`, or a platform YAML file")
     parser.add_argument("--platform-dir", default=None, help="directory of platform YAML files (default: the paper's devices built into poetlab)")
-    parser.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1)")
+    parser.add_argument("--batch-size", type=batch_size, default=1, help="batch size (default 1; a model file's batch is its own)")
     parser.add_argument("--fuse", action="store_true", help="torch models: fuse cheap element-wise nodes into their producers")
     parser.add_argument("--profile", default=None, metavar="FILE", help="host profile JSON (default: data/profiles/host-MODEL.json, else any host profile there)")
 
@@ -89,8 +89,9 @@ def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
             raise InvalidArgumentError(f"--fuse applies to traced torch models; {model} is a paper model (try {model}_torch)")
         return build_paper_graph(model, batch_size)
     from poetlab.torch.models import TORCH_MODELS
+    from poetlab.torch.user_models import is_user_model
 
-    if model in TORCH_MODELS:
+    if model in TORCH_MODELS or is_user_model(model):
         from poetlab.torch.trace import trace_torch_model
 
         return trace_torch_model(model, batch_size, fuse=fuse)
@@ -98,17 +99,17 @@ def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
 
 
 def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
-    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate."""
-    from poetlab.torch.host_profile import HostProfile, find_host_profile
+    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate
+    (:func:`poetlab.torch.host_profile.host_costs`, saying which)."""
+    from poetlab.torch.host_profile import find_host_profile, host_costs as costs_on_host
 
     path = args.profile or find_host_profile(args.model, args.fuse)
-    profile = HostProfile.load(path)
-    timed = profile.model
-    if timed is not None and tuple(n.name for n in timed.nodes) == tuple(n.name for n in graph.nodes):
+    costs, source = costs_on_host(graph, path)
+    if source == "profiled":
         log.info("host costs: per-node times measured in %s", path)
-        return CostModel.from_profile(graph, profile)
-    log.warning("%s has no per-node timings for this graph; costing it by flops at the host's measured %.3g flop/s", path, profile.flops_per_s)
-    return CostModel.from_flops(graph, profile.platform())
+    else:
+        log.warning("%s has no per-node timings for this graph; costing it by %s", path, source)
+    return costs
 
 
 def graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:

@@ -11,6 +11,9 @@ from poetlab.planners.poet.solver import solve
 
 from poetlab.cli.common import EXIT_NO_SCHEDULE, graph_and_costs
 
+#: `execute`'s exit status when a step's measured peak went over the RAM budget
+EXIT_OVER_BUDGET = 3
+
 
 def cmd_execute(args: argparse.Namespace) -> int:
     import statistics
@@ -20,8 +23,9 @@ def cmd_execute(args: argparse.Namespace) -> int:
     from poetlab.torch.execute import retain_freed_memory
     from poetlab.torch.finetune import compare_training
     from poetlab.torch.models import TORCH_MODELS, build_torch_model
+    from poetlab.torch.user_models import is_user_model
 
-    if args.model not in TORCH_MODELS:
+    if args.model not in TORCH_MODELS and not is_user_model(args.model):
         raise InvalidArgumentError(f"only traced torch models can be executed, not {args.model!r}; valid: {', '.join(TORCH_MODELS)}")
     graph, costs = graph_and_costs(args)
     result = solve(graph, costs, args.ram_budget, time_limit_s=args.time_limit)
@@ -58,4 +62,10 @@ def cmd_execute(args: argparse.Namespace) -> int:
             f"step {statistics.median(comparison.scheduled_runtime_s) * 1e3:.4g} ms CPU + paging (plain {statistics.median(comparison.plain_cpu_s) * 1e3:.4g} ms CPU, "
             f"simulator {result.runtime_s * 1e3:.4g} ms; wall {statistics.median(comparison.scheduled_wall_s) * 1e3:.4g} ms, plain {statistics.median(comparison.plain_wall_s) * 1e3:.4g} ms)"
         )
+    if row["measured_peak_bytes"] > args.ram_budget:  # (a budget is a budget: never silent)
+        print(
+            f"poetlab: warning: measured peak {row['measured_peak_bytes']:,} bytes is over the RAM budget {int(args.ram_budget):,} bytes "
+            f"(simulator {result.peak_ram_bytes:,}, workspace kept free {graph.workspace_bytes:,}); raise --ram-budget", file=sys.stderr,
+        )
+        return EXIT_OVER_BUDGET
     return 0 if comparison.identical else EXIT_NO_SCHEDULE

@@ -19,7 +19,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.platform != HOST:
         raise InvalidArgumentError(f"only the host platform can be profiled (got {args.platform!r}); the paper platforms are coefficient files")
-    if args.model is not None and args.model not in TORCH_MODELS:
+    from poetlab.torch.user_models import is_user_model
+
+    if args.model is not None and args.model not in TORCH_MODELS and not is_user_model(args.model):
         raise UnknownNameError("torch model", args.model, TORCH_MODELS)
     profile = profile_host(
         args.paging_dir, model=args.model, batch_size=args.batch_size, fuse=args.fuse, repeats=args.repeats,

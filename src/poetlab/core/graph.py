@@ -156,6 +156,13 @@ class TrainingGraph:
     def param_bytes(self) -> int:
         return sum(node.param_bytes for node in self.nodes)
 
+    @property
+    def workspace_bytes(self) -> int:
+        """The largest transient workspace of one operation, which :func:`poetlab.solve` keeps free beside
+        the graph's tensors: measured by ``poetlab.torch.trace`` (``poetlab.torch.workspace``), 0 for
+        graphs that do not say (the paper's models, whose costs count tensors only)."""
+        return int(self.metadata.get("workspace_bytes", 0) or 0)
+
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:
         return {

@@ -303,7 +303,9 @@ def default_profile_dir() -> Path:
 
 
 def default_profile_path(model: str | None, fuse: bool = False) -> Path:
-    stem = "host-" + (model or "disk") + ("-fused" if fuse and model else "")
+    from poetlab.torch.user_models import user_model_name
+
+    stem = "host-" + (user_model_name(model) if model else "disk") + ("-fused" if fuse and model else "")
     return default_profile_dir() / f"{stem}.json"
 
 
@@ -321,3 +323,22 @@ def find_host_profile(model: str | None, fuse: bool = False, directory: Path | N
     raise ProfileFileError(
         f"no host profile in {directory}; run `poetlab profile --platform host{f' --model {model}' if model else ''}` or pass --profile FILE"
     )
+
+
+def host_costs(graph, profile: str | Path | HostProfile | None = None, *, model: str | None = None, fuse: bool = False):
+    """The costs of ``graph`` on this machine, in one call, and which they are: ``(CostModel, source)``.
+
+    ``profile`` is a host profile (a :class:`HostProfile` or its JSON file; by default the one
+    ``poetlab profile --platform host --model MODEL`` wrote for ``model``, else any in
+    ``data/profiles/``). Where that profile timed this very graph (same node names), each node costs its
+    measured time (``source == "profiled"``: :meth:`CostModel.from_profile`); otherwise every node costs its
+    flops at the profile's measured matmul rate (``"flops at the measured rate"``), which undercounts
+    element-wise and memory-bound nodes (run ``poetlab profile --model path.py:FUNCTION`` for a user's model)."""
+    from poetlab.core.costs import CostModel
+
+    if not isinstance(profile, HostProfile):
+        profile = HostProfile.load(profile or find_host_profile(model, fuse))
+    timed = profile.model
+    if timed is not None and tuple(n.name for n in timed.nodes) == tuple(n.name for n in graph.nodes):
+        return CostModel.from_profile(graph, profile), "profiled"
+    return CostModel.from_flops(graph, profile.platform()), "flops at the measured rate"

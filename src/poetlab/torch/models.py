@@ -258,7 +258,13 @@ TORCH_MODELS: MappingProxyType[str, TorchModelSpec] = MappingProxyType(
 
 
 def build_torch_model(name: str, batch_size: int = 1, seed: int = 0) -> TorchModel:
-    """Build ``name`` with weights and an example batch drawn from ``seed``; the module is in train mode."""
+    """Build ``name`` with weights and an example batch drawn from ``seed``; the module is in train mode.
+    A user's model (``path/to/file.py:FUNCTION``: :mod:`poetlab.torch.user_models`) is the file's, with its
+    own batch and seed."""
+    from poetlab.torch.user_models import is_user_model, load_user_model
+
+    if is_user_model(name):
+        return load_user_model(name)
     if name not in TORCH_MODELS:
         raise UnknownNameError("torch model", name, TORCH_MODELS)
     from poetlab.core.paper_models import check_batch_size

@@ -8,6 +8,7 @@ them; kept apart from the tracer so that the graph building stays one concern.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,13 @@ def fetch_attr(gm: fx.GraphModule, target: str):
     for part in target.split("."):
         value = getattr(value, part)
     return value
+
+
+def attribute_tensors(gm: fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors ``gm``'s ``get_attr`` nodes read (parameters, buffers and fx tensor constants such as
+    ``_tensor_constant0``): constants of a step, never a node's storage."""
+    found = [fetch_attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
+    return [t for t in found if isinstance(t, torch.Tensor)]
 
 
 def group_params(gm: fx.GraphModule, members: list[fx.Node], modules: dict[str, nn.Module]) -> list[nn.Parameter]:
@@ -100,6 +108,21 @@ class NodeProbe:
 
 
 
+_IN_PLACE_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.setitem})
+
+
+def in_place(n: fx.Node, modules: dict[str, nn.Module]) -> bool:
+    """Whether fx node ``n`` writes into one of its inputs (an ``inplace=True`` module or function, an
+    augmented assignment, a tensor method ending in ``_``)."""
+    if n.op == "call_module":
+        return bool(getattr(modules[str(n.target)], "inplace", False))
+    if n.op == "call_function":
+        return n.target in _IN_PLACE_FUNCTIONS or bool(n.kwargs.get("inplace", False)) or getattr(n.target, "__name__", "").endswith("_")
+    if n.op == "call_method":
+        return str(n.target).endswith("_") and not str(n.target).startswith("__")
+    return False
+
+
 def node_probe(traced: TracedStep, index: int) -> NodeProbe:
     """Graph node ``index`` of ``traced`` as a :class:`NodeProbe` on the values the traced step recorded."""
     graph = traced.graph
@@ -111,6 +134,9 @@ def node_probe(traced: TracedStep, index: int) -> NodeProbe:
     is_loss = fwd_name == traced.loss_name
     modules = dict(gm.named_modules())
     leaves: list[torch.Tensor] = []
+    # a node that writes its input in place (``ReLU(inplace=True)``, ``x += y``) gets copies of its inputs:
+    # autograd refuses in-place writes to a leaf, and the recorded values must stay as they were
+    copies = not is_loss and any(in_place(m, modules) for m in gm.graph.nodes if m.name in meta["fx_groups"][fwd_name])
 
     def fresh(value: object) -> object:
         """Detached copies of the recorded inputs, leaves requiring grad where the original did."""
@@ -118,7 +144,7 @@ def node_probe(traced: TracedStep, index: int) -> NodeProbe:
             leaf = value.detach().requires_grad_(value.requires_grad)
             if leaf.requires_grad:
                 leaves.append(leaf)
-            return leaf
+            return leaf.clone() if copies else leaf
         if isinstance(value, (tuple, list)):
             return type(value)(fresh(v) for v in value)
         return value

@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from poetlab.core.schedule import OpKind, Schedule
 from poetlab.torch.execute.codegen import bind_graph, generated_module, group_function
 from poetlab.torch.paging import PageStore
+from poetlab.torch.fx_trace import traced_module
 
 
 class HandStep:
@@ -47,7 +48,7 @@ class HandStep:
 
     def __init__(self, module: torch.nn.Module, graph, schedule, loss_fn, paging_dir: str | None = None, rng_nodes=frozenset()):
         self.module, self.loss_fn = module, loss_fn
-        gm = fx.symbolic_trace(module)
+        gm = traced_module(module, graph.metadata)
         binding = bind_graph(graph, gm)
         pending: list[tuple[OpKind, int]] = []  # (a recompute, a page-out or a page-in; in the schedule's order)
         attach: dict[int, list[tuple[OpKind, int]]] = {}  # forward node whose output's autograd node runs them -> them
@@ -213,7 +214,7 @@ class CheckpointStep:
         rerun twice, no rerun, or a run of nodes whose fx code another node's interleaves)."""
         if any(op.kind not in (OpKind.COMPUTE, OpKind.FREE) for op in schedule.ops):
             return None
-        gm = fx.symbolic_trace(module)
+        gm = traced_module(module, graph.metadata)
         binding = bind_graph(graph, gm)
         reruns = [i for i in schedule.recomputed_nodes() if i not in binding.inputs]
         if not reruns or len(set(reruns)) != len(reruns) or any(binding.forward_of[i] is not None for i in reruns):

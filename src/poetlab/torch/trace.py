@@ -3,7 +3,8 @@
 The paper-faithful models (:mod:`poetlab.core.paper_models`) flatten the backward pass into a chain. A traced
 model instead mirrors what autograd does, found by running one real training step:
 
-- **Forward nodes** are the nodes of ``torch.fx.symbolic_trace`` at module granularity: one per
+- **Forward nodes** are the nodes of an fx trace with concrete shapes (:mod:`poetlab.torch.fx_trace`: no
+  node is a shape value) at module granularity: one per
   ``call_module`` (torch's own modules are leaves, e.g. ``Conv2d``, ``TransformerEncoderLayer``),
   ``call_function`` (``operator.add``...) and ``call_method``. Each placeholder becomes an ``input``
   node; one ``loss`` node applies ``loss_fn(model_output, targets)``. Shapes and dtypes come from
@@ -35,9 +36,9 @@ after tracing: tracing does not change the model.
 
 Known limits: ``FlopCounterMode`` counts matmuls, convolutions and attention only, so element-wise nodes
 (ReLU, BatchNorm, add...) have 0 flops and are free to recompute under a flop cost model (a measured host
-profile gives them their real time); an in-place operation shares its input's storage, so both nodes
-count the bytes and a saved tensor is attributed to the first of them; targets and parameters are
-constants, never graph tensors.
+profile gives them their real time); an in-place operation shares its input's storage, so it joins its
+producer's node (fused or not) where it is that producer's only reader (otherwise both nodes count the
+bytes); targets, parameters and fx tensor constants are constants, never graph tensors.
 
 **Contract with executors** (how to map every graph node back to fx; ``metadata`` keys):
 
@@ -62,29 +63,24 @@ constants, never graph tensors.
 
 from __future__ import annotations
 
-import linecache
 import operator
 import os
 import sys
-import traceback
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from poetlab.errors import InvalidArgumentError, PoetlabError
+from poetlab.errors import InvalidArgumentError
+from poetlab.torch.workspace import measure_workspaces, rng_reserve_bytes
+from poetlab.torch.fx_trace import TraceError, input_specs, symbolic_trace  # (TraceError: part of this module's API)
 from poetlab.core.graph import Node, TrainingGraph
-from poetlab.torch.probes import NodeProbe, group_params, node_flops, node_probe, restored_state, tensors_in
+from poetlab.torch.probes import NodeProbe, attribute_tensors, group_params, in_place, node_flops, node_probe, restored_state, tensors_in
 
 __all__ = ["TraceError", "trace", "trace_torch_model", "FUSABLE_MODULES", "FUSABLE_FUNCTIONS", "FUSABLE_METHODS"]
-
-
-class TraceError(PoetlabError, ValueError):
-    """A module that ``torch.fx`` cannot trace, or a step that cannot run on the example batch."""
 
 
 #: Module classes cheap enough to join their producer's node when fusing (element-wise, normalising, views).
@@ -108,74 +104,6 @@ FUSABLE_METHODS: frozenset[str] = frozenset({
 
 _LOSS = "loss"
 _GRAD_PREFIX = "grad:"
-
-
-# ---- fx tracing with a one-line error ----------------------------------------------------------
-
-
-class _Tracer(fx.Tracer):
-    """fx's tracer, remembering which module it is inside (to name it when tracing fails) and honouring
-    extra leaf modules given by qualified name or class."""
-
-    def __init__(self, leaf_modules: Iterable[str | type[nn.Module]] = ()):
-        super().__init__()
-        self.leaf_names = {leaf for leaf in leaf_modules if isinstance(leaf, str)}
-        self.leaf_types = tuple(leaf for leaf in leaf_modules if isinstance(leaf, type))
-        self.stack: list[tuple[str, str]] = []
-        self.failed_in: tuple[str, str] | None = None  # (qualified name, class) of the innermost module that failed
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if module_qualified_name in self.leaf_names or (self.leaf_types and isinstance(m, self.leaf_types)):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-    def call_module(self, m, forward, args, kwargs):
-        path = self.path_of_module(m)
-        self.stack.append((path, type(m).__name__))
-        try:
-            return super().call_module(m, forward, args, kwargs)
-        except Exception:
-            if self.failed_in is None:
-                self.failed_in = self.stack[-1]
-            raise
-        finally:
-            self.stack.pop()
-
-
-def _user_frame(exc: BaseException) -> str:
-    """``file:line `code``` of the deepest traceback frame outside torch and poetlab: the user's
-    operation that fx could not trace."""
-    torch_dir = str(Path(torch.__file__).resolve().parent)
-    here = str(Path(__file__).resolve().parent)
-    found = ""
-    for frame in traceback.extract_tb(exc.__traceback__):
-        filename = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else frame.filename
-        if filename.startswith(torch_dir) or filename.startswith(here) or filename.startswith("<"):
-            continue
-        code = (frame.line or linecache.getline(frame.filename, frame.lineno)).strip()
-        found = f"{Path(frame.filename).name}:{frame.lineno} `{code}`"
-    return found
-
-
-def symbolic_trace(module: nn.Module, leaf_modules: Iterable[str | type[nn.Module]] = ()) -> fx.GraphModule:
-    """``torch.fx`` trace of ``module``; a failure is a :class:`TraceError` naming the first operation
-    fx could not trace, the module it is in, and the way out."""
-    tracer = _Tracer(leaf_modules)
-    try:
-        graph = tracer.trace(module)
-    except Exception as exc:  # fx raises TraceError, TypeError, RuntimeError... for untraceable code
-        where = _user_frame(exc)
-        failed = tracer.failed_in
-        inside = f" in module '{failed[0]}' ({failed[1]})" if failed else ""
-        at = f" at {where}" if where else ""
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        leaf = f"leaf_modules=('{failed[0]}',)" if failed else "leaf_modules=(...)"
-        raise TraceError(
-            f"torch.fx cannot trace {type(module).__name__}: {first}{at}{inside}; mark that module a leaf "
-            f"(poetlab.torch.trace(..., {leaf})) or remove the data-dependent Python control flow"
-        ) from None
-    name = module.__class__.__name__
-    return fx.GraphModule(tracer.root, graph, name)
 
 
 # ---- one real step, recorded -------------------------------------------------------------------
@@ -327,14 +255,19 @@ def _check_fits_in_memory(name: str, batch_size: int, fuse: bool, seed: int) -> 
 
 
 def trace_torch_model(name: str, batch_size: int = 1, *, fuse: bool = False, seed: int = 0) -> TrainingGraph:
-    """:func:`trace` of a model of :mod:`poetlab.torch.models` with its example batch."""
+    """:func:`trace` of a model of :mod:`poetlab.torch.models` with its example batch, or of a model file's
+    (``path/to/file.py:FUNCTION``, :mod:`poetlab.torch.user_models`: its own batch, ``batch_size`` unused)."""
     from poetlab.torch.models import build_torch_model
+    from poetlab.torch.user_models import is_user_model, user_model_name
 
-    if batch_size > _PROBE_ABOVE_BATCH:
+    user = is_user_model(name)
+    if batch_size > _PROBE_ABOVE_BATCH and not user:
         _check_fits_in_memory(name, batch_size, fuse, seed)
     try:
         model = build_torch_model(name, batch_size, seed)
-        graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=name)
+        if user:
+            batch_size = int(tensors_in(model.inputs)[0].shape[0]) if tensors_in(model.inputs)[0].dim() else 1
+        graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse, name=user_model_name(name) if user else name)
     except MemoryError:
         raise InvalidArgumentError(f"{name} at batch size {batch_size} needs more memory than this machine has; use a smaller batch size") from None
     except RuntimeError as exc:
@@ -349,9 +282,15 @@ def trace_step(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_mod
     if not isinstance(module, nn.Module):
         raise InvalidArgumentError(f"trace needs an nn.Module, got {type(module).__name__}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    gm = symbolic_trace(module, leaf_modules)
+    gm = symbolic_trace(module, leaf_modules, input_specs(inputs))
     with restored_state(module):
-        return _analyse(gm, module, inputs, loss_fn, targets, fuse, name or type(module).__name__)
+        traced = _analyse(gm, module, inputs, loss_fn, targets, fuse, name or type(module).__name__)
+        # each operation's transient workspace (poetlab.torch.workspace): the largest is kept free by poetlab.solve
+        workspaces = measure_workspaces(traced)
+        rng_bytes = rng_reserve_bytes(traced)
+    traced.graph.metadata["workspace_bytes"] = max(workspaces.values(), default=0) + rng_bytes
+    traced.graph.metadata["workspace_by_node"] = {traced.graph.nodes[i].name: b for i, b in sorted(workspaces.items())}
+    return traced
 
 
 def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
@@ -412,7 +351,8 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
     members: dict[str, list[str]] = {}
     for n in graph_fx:
         host = None
-        if fuse and n.op != "placeholder" and _fusable(n, modules):
+        # (an in-place node writes its producer's storage: one storage, so one node, fused or not)
+        if n.op != "placeholder" and ((fuse and _fusable(n, modules)) or in_place(n, modules)):
             for dep in reads[n.name]:
                 g = group_of[dep]
                 if members[g][-1] == dep and users[dep] == [n.name] and g not in [p.name for p in placeholders]:
@@ -437,7 +377,7 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
     tail = {g: members[g][-1] for g in order}
 
     # Storages that are constants of the step: parameters, buffers, targets.
-    constant_ptrs = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers(), *gm.parameters(), *gm.buffers()]}
+    constant_ptrs = {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers(), *gm.parameters(), *gm.buffers(), *attribute_tensors(gm)]}
     constant_ptrs |= {t.untyped_storage().data_ptr() for t in tensors_in(targets)}
     exact: dict[tuple, str] = {}
     storage: dict[int, str] = {}
@@ -549,6 +489,9 @@ def _analyse(gm, module, inputs, loss_fn, targets, fuse, name) -> TracedStep:
         "tensor_bytes": tensor_bytes,
         "internal_saved_bytes": internal_bytes,
         "fx_code": gm.code,
+        # how the executor traces the module again onto the same fx nodes (poetlab.torch.fx_trace.traced_module)
+        "leaf_modules": list(gm.meta.get("poetlab_user_leaves", ())),
+        "input_specs": input_specs(inputs),
         "torch_version": torch.__version__,
         "gradients_in_engine": True,  # backward nodes' outputs live in autograd's engine: TrainingGraph.pinned
     }

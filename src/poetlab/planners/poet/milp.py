@@ -217,7 +217,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     compression = costs.compression if options.compression else None
     if options.compression and compression is None:
         raise InvalidArgumentError("compression needs compression costs: build them with poetlab.techniques.compression.compression_costs")
-    fixed = 2 * graph.param_bytes if options.params_in_budget else 0
+    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.workspace_bytes  # (as poetlab.solve's)
     budget = float(options.ram_budget_bytes) - fixed
     stage = np.arange(T)[:, None]
     node = np.arange(T)[None, :]

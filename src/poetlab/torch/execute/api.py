@@ -13,6 +13,7 @@ from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import Schedule, simulate
 from poetlab.torch.execute.executor import ScheduleExecutor
+from poetlab.torch.execute.result import ExecutionError
 
 if TYPE_CHECKING:
     from poetlab.torch.execute.result import ExecutionResult
@@ -80,15 +81,22 @@ def execute(
     durable: bool = True,
     strict: bool = True,
     measure_memory: bool = True,
+    ram_budget_bytes: float | None = None,
 ) -> ExecutionResult:
     """Run one training step of ``module`` on ``batch = (inputs, targets)`` as ``schedule`` says.
 
     ``graph`` is the :func:`poetlab.torch.trace` graph the schedule was planned on; gradients are added to the
     parameters' ``.grad`` exactly as ``loss_fn(module(inputs), targets).backward()`` would. With
-    ``costs``, the result carries the simulator's prediction for the same schedule.
+    ``costs``, the result carries the simulator's prediction for the same schedule. With
+    ``ram_budget_bytes`` (and ``measure_memory``), a measured peak over it is an :class:`ExecutionError`.
     """
     executor = ScheduleExecutor(module, graph, schedule, loss_fn, paging_dir=paging_dir, prefetch=prefetch, durable=durable, strict=strict)
     result = executor.step(batch[0], batch[1], measure_memory=measure_memory)
+    if ram_budget_bytes is not None and result.peak_bytes is not None and result.peak_bytes > ram_budget_bytes:
+        raise ExecutionError(
+            f"the step's measured peak {result.peak_bytes:,} bytes is over the RAM budget {int(ram_budget_bytes):,} bytes "
+            f"(workspace kept free by poetlab.solve: {graph.workspace_bytes:,}); plan with poetlab.solve at this budget or raise it"
+        )
     if costs is not None:
         from dataclasses import replace
 

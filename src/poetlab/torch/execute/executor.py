@@ -19,6 +19,8 @@ from poetlab.torch.execute.result import ExecutionError, ExecutionResult
 from poetlab.torch.execute.segments import SummedReplay, backward_runs_of, handovers_of, segments_of
 from poetlab.torch.execute.state import BufferBackup, RerunBuffers, copy_buffers, storage_key, pop_saved_hooks, push_saved_hooks, set_versions
 from poetlab.torch.execute.step import StepRun
+from poetlab.torch.fx_trace import traced_module
+from poetlab.torch.probes import attribute_tensors
 
 if TYPE_CHECKING:
     from poetlab.torch.execute.codegen import CompiledGroup
@@ -69,11 +71,12 @@ class ScheduleExecutor:
         self.prefetch = prefetch
         self.durable = durable
         self.strict = strict
-        self.gm = fx.symbolic_trace(module)
+        self.gm = traced_module(module, graph.metadata)  # (as poetlab.torch.trace traced it: its leaves, concrete shapes)
         self.binding = bind_graph(graph, self.gm)
         self.modules = dict(self.gm.named_modules())
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.constants = [*module.parameters(), *module.buffers()]  # (their storages are looked up per step)
+        # (their storages are looked up per step; fx tensor constants, such as ``torch.arange(T)``, are constants too)
+        self.constants = [*module.parameters(), *module.buffers(), *attribute_tensors(self.gm)]
         # the constants whose storages the first step's managed and packed nodes met (see _learn); until
         # then, all of them are looked up
         self._constants_met: list[torch.Tensor] | None = None
