@@ -31,7 +31,8 @@ HOLD_S = 1.5
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as local:
+    loopback = dict(host="127.0.0.1", dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")  # nothing off this machine
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, **loopback) as local:
         yield local
 
 

@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from poetlab.core.costs import CostModel
 from poetlab.core.paper_models import build_paper_graph
-from poetlab.core.platforms import load_platform
+from poetlab.core.platforms import Platform, load_platform
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.planners.baselines import PlanOptions
 from poetlab.planners.comparison import ComparisonRow, compare_methods
@@ -58,10 +58,11 @@ class ClusterError(PoetlabError, OSError):
 class BudgetTask:
     """One budget of one case: every method of the sweep at one (model, platform, runtime budget, memory
     budget). The methods share a task because POET's MILP starts from the one-lever MILPs' schedules at the
-    same budget; budgets are independent of each other (:func:`~poetlab.planners.comparison.budget_ladder`)."""
+    same budget; budgets are independent of each other (:func:`~poetlab.planners.comparison.budget_ladder`).
+    The platform travels loaded, so that a worker needs poetlab but not the data folder."""
 
     model: str
-    platform: str
+    platform: Platform
     runtime_factor: float
     fraction: float
     methods: tuple[str, ...]
@@ -72,16 +73,22 @@ class BudgetTask:
 def budget_tasks(config: SweepConfig) -> list[BudgetTask]:
     """The sweep's tasks in the grid's order: case, runtime budget, memory budget."""
     options = PlanOptions(time_limit_s=config.time_limit_s, threads=config.threads, mip_gap=config.mip_gap)
+    platforms = {name: _portable(load_platform(name)) for name in dict.fromkeys(p for _, p in config.cases)}
     return [
-        BudgetTask(model, platform, factor, fraction, config.methods, config.batch_size, options)
+        BudgetTask(model, platforms[platform], factor, fraction, config.methods, config.batch_size, options)
         for model, platform in config.cases for factor in config.runtime_factors for fraction in config.fractions
     ]
+
+
+def _portable(platform: Platform) -> Platform:
+    """``platform`` with its read-only ``sources`` as a plain dict, so that it pickles to any process."""
+    return replace(platform, sources=dict(platform.sources))
 
 
 def solve_budget(task: BudgetTask) -> list[dict[str, object]]:
     """Every method of ``task`` at its budget, as dicts (one row each, in ``task.methods``' order)."""
     graph = build_paper_graph(task.model, task.batch_size)
-    costs = CostModel.from_flops(graph, load_platform(task.platform))
+    costs = CostModel.from_flops(graph, task.platform)
     rows = compare_methods(graph, costs, (task.fraction,), task.runtime_factor, task.methods, task.options)
     return [asdict(row) for row in rows]
 
@@ -92,8 +99,6 @@ def sweep(config: SweepConfig, cluster: str | None = None, params_file: str | os
     solve, so a bad name fails at once."""
     for model in dict.fromkeys(m for m, _ in config.cases):
         build_paper_graph(model, config.batch_size)
-    for platform in dict.fromkeys(p for _, p in config.cases):
-        load_platform(platform)
     parts = run_tasks(solve_budget, budget_tasks(config), processes=config.workers, threads=config.threads,
                       cluster=cluster_address(cluster, params_file))
     return pd.DataFrame([row for part in parts for row in part], columns=list(COLUMNS))
