@@ -5,6 +5,7 @@ the middle of a task costs only that task, which Dask reruns; rows already back 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import sys
@@ -19,14 +20,15 @@ import pandas as pd
 import pytest
 from distributed import LocalCluster
 
+from poetlab.cli import main
 from poetlab.errors import InvalidArgumentError
 from poetlab.reproduction.config import stage_config
-from poetlab.reproduction.sweep import COLUMNS, ClusterError, budget_tasks, cluster_address, run_tasks, solve_budget, sweep
+from poetlab.reproduction.sweep import COLUMNS, ClusterError, budget_tasks, cluster_address, read_rows, run_tasks, solve_budget, sweep
 
 #: Everything but the wall-clock solve time, which differs from run to run on any machine.
 COMPARED = [column for column in COLUMNS if column != "plan_time_s"]
 #: How long each task of the killing test holds its worker before solving: time to kill one mid-task.
-HOLD_S = 1.5
+HOLD_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +47,18 @@ def _rows(parts: list[list[dict[str, object]]]) -> pd.DataFrame:
     return pd.DataFrame([row for part in parts for row in part], columns=list(COLUMNS))
 
 
-def test_the_smoke_sweep_on_a_cluster_gives_the_local_rows(cluster):
+def test_the_smoke_sweep_on_a_cluster_gives_the_local_rows(cluster, tmp_path, capsys):
+    """``poetlab sweep`` with and without ``--cluster``: the same rows in the same order, the same metrics."""
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--out", str(tmp_path / "local")]) == 0
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--cluster", cluster.scheduler_address, "--out", str(tmp_path / "remote")]) == 0
+    assert f"6 rows from the Dask cluster at {cluster.scheduler_address}" in capsys.readouterr().out
+    local, remote = (read_rows(tmp_path / where / "results" / "fig4_runtime.csv") for where in ("local", "remote"))
     config = stage_config("fig4_runtime", "smoke")
-    local = sweep(config)
-    remote = sweep(config, cluster.scheduler_address)
     assert len(local) == len(config.cases) * len(config.runtime_factors) * len(config.fractions) * len(config.methods)
     assert set(local.status) == {"optimal"}  # certified rows: no time limit makes them differ
     pd.testing.assert_frame_equal(remote[COMPARED], local[COMPARED])
+    metrics = [json.loads((tmp_path / where / "metrics" / "fig4_runtime.json").read_text()) for where in ("local", "remote")]
+    assert metrics[0] == metrics[1] and metrics[0]["n_rows"] == 6
 
 
 def _held_solve(log_dir: Path, task):
@@ -84,7 +91,7 @@ def test_a_worker_killed_mid_sweep_costs_only_its_task(cluster, tmp_path):
             started = _entries(tmp_path, "start")
             finished_by = {(name, pid) for name, pid, _ in done}
             busy = [pid for name, pid, _ in started if (name, pid) not in finished_by]
-            if busy and any(float(at) < time.time() - 0.7 for _, _, at in done):  # a row back for a while
+            if busy and any(float(at) < time.time() - 0.6 for _, _, at in done):  # a row back for a while
                 victim = int(busy[0])
             else:
                 time.sleep(0.05)
@@ -119,3 +126,12 @@ def test_a_bad_or_silent_cluster_is_one_line_naming_the_fix(tmp_path):
     with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127\.0\.0\.1:1 .*dask scheduler"):
         sweep(config, "tcp://127.0.0.1:1")  # nothing listens on port 1
     assert time.monotonic() - started < 30
+
+
+def test_poetlab_sweep_refuses_a_stage_without_a_sweep_and_a_bad_address_in_one_line(tmp_path, capsys):
+    assert main(["sweep", "claims", "--out", str(tmp_path)]) == 2
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--cluster", "tcp://127.0.0.1", "--out", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "poetlab: error: stage 'claims' has no sweep; sweep stages: baselines, fig3_frontier, fig4_runtime, fig5_capuchin, table3_pofo"
+    assert lines[1].startswith("poetlab: error: --cluster: 'tcp://127.0.0.1' is not a Dask scheduler address; give tcp://HOST:PORT")
+    assert len(lines) == 2 and not any(tmp_path.iterdir())  # nothing written

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     sparse.set_defaults(run=cmd_sparse_update)
 
     sweep = commands.add_parser("sweep", help="one reproduction stage's sweep outside DVC, on local processes or a Dask cluster")
-    sweep.add_argument("stage", metavar="STAGE", help="fig3_frontier, fig4_runtime, fig5_capuchin or table3_pofo")
+    sweep.add_argument("stage", metavar="STAGE", help="baselines, fig3_frontier, fig4_runtime, fig5_capuchin or table3_pofo")
     sweep.add_argument("--preset", default=None, help="params.yaml preset (default: its active `preset:`)")
     sweep.add_argument("--cluster", default=None, metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT (default: $POETLAB_CLUSTER, else cluster.address in params.yaml, else local processes)")
     sweep.add_argument("--params", default="params.yaml", metavar="FILE", help="the parameters file (default params.yaml)")

@@ -13,10 +13,16 @@ import pandas as pd
 from poetlab.core.files import write_json_atomic
 from poetlab.errors import InvalidArgumentError
 from poetlab.reproduction.config import stage_config
-from poetlab.reproduction.sweep import cluster_address, sweep
+from poetlab.reproduction.sweep import cluster_address, comparison_sweep, sweep
 from poetlab.reproduction.tables import write_table
 
 from poetlab.cli.common import log
+
+
+def _baselines(rows: pd.DataFrame) -> dict[str, object]:
+    from poetlab.planners.comparison import comparison_metrics
+
+    return comparison_metrics(rows)
 
 
 def _fig3(rows: pd.DataFrame) -> dict[str, object]:
@@ -45,7 +51,7 @@ def _table3(rows: pd.DataFrame) -> dict[str, object]:
 
 #: The stages whose work is a sweep, and the metrics their notebooks compute from its rows.
 SWEEP_STAGES: dict[str, Callable[[pd.DataFrame], dict[str, object]]] = {
-    "fig3_frontier": _fig3, "fig4_runtime": _fig4, "fig5_capuchin": _fig5, "table3_pofo": _table3,
+    "baselines": _baselines, "fig3_frontier": _fig3, "fig4_runtime": _fig4, "fig5_capuchin": _fig5, "table3_pofo": _table3,
 }
 
 
@@ -53,6 +59,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.stage not in SWEEP_STAGES:
         raise InvalidArgumentError(f"stage {args.stage!r} has no sweep; sweep stages: {', '.join(SWEEP_STAGES)}")
     config = stage_config(args.stage, args.preset, args.params)
+    if args.stage == "baselines":  # its parameters are comparison_table's
+        config = comparison_sweep(**config)
     address = cluster_address(args.cluster, args.params)  # a malformed address fails before any work
     out = Path(args.out)
     rows = sweep(config, address, args.params)

@@ -44,7 +44,7 @@ CLUSTER_ENV = "POETLAB_CLUSTER"
 #: A scheduler's address: ``tcp://HOST:PORT`` (``tls://`` for a secured one), as ``dask scheduler`` prints it.
 CLUSTER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 #: Seconds to wait for the scheduler to answer, then for its first worker (a batch system may be slow to start one).
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
 WORKER_TIMEOUT_S = 120.0
 #: Extra tries of a task that raised on a worker (a task whose worker died is rerun by Dask anyway).
 RETRIES = 2
@@ -102,6 +102,16 @@ def sweep(config: SweepConfig, cluster: str | None = None, params_file: str | os
     parts = run_tasks(solve_budget, budget_tasks(config), processes=config.workers, threads=config.threads,
                       cluster=cluster_address(cluster, params_file))
     return pd.DataFrame([row for part in parts for row in part], columns=list(COLUMNS))
+
+
+def comparison_sweep(cases: Sequence[Sequence[str]], fractions: Sequence[float], runtime_factor: float, methods: Sequence[str],
+                     time_limit_s: float, threads: int, batch_size: int = 1) -> SweepConfig:
+    """The ``baselines`` stage's parameters (those of :func:`~poetlab.planners.comparison.comparison_table`)
+    as a sweep, so that its planner calls run on the same engine as the figures' (in this process, or on
+    the cluster when one is named), with the same rows in the same order."""
+    return SweepConfig(cases=tuple((model, platform) for model, platform in cases), fractions=tuple(fractions),
+                       runtime_factors=(runtime_factor,), methods=tuple(methods), time_limit_s=time_limit_s, threads=threads,
+                       batch_size=batch_size)
 
 
 def cluster_address(explicit: str | None = None, params_file: str | os.PathLike[str] = PARAMS_FILE) -> str | None:
