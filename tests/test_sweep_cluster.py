@@ -34,7 +34,8 @@ HOLD_S = 1.0
 @pytest.fixture(scope="module")
 def cluster():
     loopback = dict(host="127.0.0.1", dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")  # nothing off this machine
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, **loopback) as local:
+    # each worker offers one solver thread, so Dask runs one solve at a time on each (the stage's threads: 1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"threads": 1}, **loopback) as local:
         yield local
 
 
@@ -59,6 +60,11 @@ def test_the_smoke_sweep_on_a_cluster_gives_the_local_rows(cluster, tmp_path, ca
     pd.testing.assert_frame_equal(remote[COMPARED], local[COMPARED])
     metrics = [json.loads((tmp_path / where / "metrics" / "fig4_runtime.json").read_text()) for where in ("local", "remote")]
     assert metrics[0] == metrics[1] and metrics[0]["n_rows"] == 6
+
+
+def test_a_cluster_without_the_threads_a_solve_uses_is_refused_before_any_task(cluster):
+    with pytest.raises(ClusterError, match=r"offer at most 1 threads but each solve uses 2; start workers with --resources threads=2"):
+        run_tasks(solve_budget, budget_tasks(stage_config("fig4_runtime", "smoke")), threads=2, cluster=cluster.scheduler_address)
 
 
 def _held_solve(log_dir: Path, task):

@@ -41,8 +41,8 @@ COLUMNS: tuple[str, ...] = tuple(ComparisonRow.__dataclass_fields__)
 
 #: Where a cluster is named when no ``--cluster`` is given.
 CLUSTER_ENV = "POETLAB_CLUSTER"
-#: A scheduler's address: ``tcp://HOST:PORT`` (``tls://`` for a secured one), as ``dask scheduler`` prints it.
-CLUSTER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+#: A scheduler's address, ``tcp://HOST:PORT``, as ``dask scheduler`` prints it.
+CLUSTER_ADDRESS = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
 #: Seconds to wait for the scheduler to answer, then for its first worker (a batch system may be slow to start one).
 CONNECT_TIMEOUT_S = 5.0
 WORKER_TIMEOUT_S = 120.0
@@ -126,7 +126,7 @@ def cluster_address(explicit: str | None = None, params_file: str | os.PathLike[
     if not address:
         return None
     match = CLUSTER_ADDRESS.fullmatch(str(address).strip())
-    if match is None or not 0 < int(match.group(3)) < 65536:
+    if match is None or not 0 < int(match.group(2)) < 65536:
         raise InvalidArgumentError(
             f"{source}: {address!r} is not a Dask scheduler address; give tcp://HOST:PORT as `dask scheduler` prints it "
             f"(e.g. tcp://127.0.0.1:8786), or leave it unset to solve on local processes"
