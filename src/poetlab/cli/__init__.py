@@ -37,6 +37,7 @@ from poetlab.cli.graph import cmd_graph
 from poetlab.cli.listing import cmd_models, cmd_platforms
 from poetlab.cli.profile import cmd_profile
 from poetlab.cli.solve import cmd_solve
+from poetlab.cli.sweep import cmd_sweep
 from poetlab.cli.technique import cmd_bittrain, cmd_sparse_update
 
 
@@ -104,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     sparse.add_argument("--inplace", action="store_true", help="apply each SGD update during backward and free its gradient at once")
     sparse.add_argument("--json", action="store_true", help="print one JSON object")
     sparse.set_defaults(run=cmd_sparse_update)
+
+    sweep = commands.add_parser("sweep", help="one reproduction stage's sweep outside DVC, on local processes or a Dask cluster")
+    sweep.add_argument("stage", metavar="STAGE", help="baselines, fig3_frontier, fig4_runtime, fig5_capuchin or table3_pofo")
+    sweep.add_argument("--preset", default=None, help="params.yaml preset (default: its active `preset:`)")
+    sweep.add_argument("--cluster", default=None, metavar="ADDRESS", help="Dask scheduler, tcp://HOST:PORT (default: $POETLAB_CLUSTER, else cluster.address in params.yaml, else local processes)")
+    sweep.add_argument("--params", default="params.yaml", metavar="FILE", help="the parameters file (default params.yaml)")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="writes DIR/results/STAGE.{csv,md} and DIR/metrics/STAGE.json")
+    sweep.set_defaults(run=cmd_sweep)
 
     models = commands.add_parser("models", help="list the models (paper layer lists and traced torch models)")
     models.set_defaults(run=cmd_models)

@@ -29,8 +29,9 @@ class PlatformTableConfig:
 class SweepConfig:
     """A grid of solves: every (model, platform) case at every memory-budget fraction (0: the smallest
     single-node footprint, 1: checkpoint-all's peak) and every runtime budget (a factor of one plain
-    step), by every method. ``workers`` cases are solved at once, each in its own process (each solve
-    uses ``threads`` solver threads)."""
+    step), by every method. ``workers`` budgets are solved at once on local processes, or as many as a
+    Dask cluster's workers take when one is named (:mod:`poetlab.reproduction.sweep`); each solve uses
+    ``threads`` solver threads."""
 
     cases: tuple[tuple[str, str], ...]
     fractions: tuple[float, ...]

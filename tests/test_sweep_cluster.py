@@ -1,0 +1,143 @@
+"""The sweep engine on a real Dask cluster (``distributed.LocalCluster``: a scheduler and two worker
+processes on 127.0.0.1): the same rows as on local processes, in the same order, and a worker killed in
+the middle of a task costs only that task, which Dask reruns; rows already back are never recomputed."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import cloudpickle
+import pandas as pd
+import pytest
+from distributed import LocalCluster
+
+from poetlab.cli import main
+from poetlab.errors import InvalidArgumentError
+from poetlab.reproduction.config import stage_config
+from poetlab.reproduction.sweep import COLUMNS, ClusterError, budget_tasks, cluster_address, read_rows, run_tasks, solve_budget, sweep
+
+#: Everything but the wall-clock solve time, which differs from run to run on any machine.
+COMPARED = [column for column in COLUMNS if column != "plan_time_s"]
+#: How long each task of the killing test holds its worker before solving: time to kill one mid-task.
+HOLD_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    loopback = dict(host="127.0.0.1", dashboard_address="127.0.0.1:0", worker_dashboard_address="127.0.0.1:0")  # nothing off this machine
+    # each worker offers one solver thread, so Dask runs one solve at a time on each (the stage's threads: 1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, resources={"threads": 1}, **loopback) as local:
+        yield local
+
+
+@pytest.fixture(autouse=True)
+def _no_cluster_named(monkeypatch):
+    monkeypatch.delenv("POETLAB_CLUSTER", raising=False)
+
+
+def _rows(parts: list[list[dict[str, object]]]) -> pd.DataFrame:
+    return pd.DataFrame([row for part in parts for row in part], columns=list(COLUMNS))
+
+
+def test_the_smoke_sweep_on_a_cluster_gives_the_local_rows(cluster, tmp_path, capsys):
+    """``poetlab sweep`` with and without ``--cluster``: the same rows in the same order, the same metrics."""
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--out", str(tmp_path / "local")]) == 0
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--cluster", cluster.scheduler_address, "--out", str(tmp_path / "remote")]) == 0
+    assert f"6 rows from the Dask cluster at {cluster.scheduler_address}" in capsys.readouterr().out
+    local, remote = (read_rows(tmp_path / where / "results" / "fig4_runtime.csv") for where in ("local", "remote"))
+    config = stage_config("fig4_runtime", "smoke")
+    assert len(local) == len(config.cases) * len(config.runtime_factors) * len(config.fractions) * len(config.methods)
+    assert set(local.status) == {"optimal"}  # certified rows: no time limit makes them differ
+    pd.testing.assert_frame_equal(remote[COMPARED], local[COMPARED])
+    metrics = [json.loads((tmp_path / where / "metrics" / "fig4_runtime.json").read_text()) for where in ("local", "remote")]
+    assert metrics[0] == metrics[1] and metrics[0]["n_rows"] == 6
+
+
+def test_a_cluster_without_the_threads_a_solve_uses_is_refused_before_any_task(cluster):
+    with pytest.raises(ClusterError, match=r"offer at most 1 threads but each solve uses 2; start workers with --resources threads=2"):
+        run_tasks(solve_budget, budget_tasks(stage_config("fig4_runtime", "smoke")), threads=2, cluster=cluster.scheduler_address)
+
+
+def _held_solve(log_dir: Path, task):
+    """:func:`solve_budget`, after holding the worker for :data:`HOLD_S`, leaving a file when it starts and
+    one when it is done (which task, which worker process, when)."""
+    name = f"{task.runtime_factor:g}x{task.fraction:g}"
+    (log_dir / f"start {name} {os.getpid()} {uuid.uuid4().hex}").touch()
+    time.sleep(HOLD_S)
+    rows = solve_budget(task)
+    (log_dir / f"done {name} {os.getpid()} {time.time():.6f}").touch()
+    return rows
+
+
+def _entries(log_dir: Path, kind: str) -> list[list[str]]:
+    return [path.name.split()[1:] for path in log_dir.iterdir() if path.name.startswith(kind + " ")]
+
+
+def test_a_worker_killed_mid_sweep_costs_only_its_task(cluster, tmp_path):
+    config = replace(stage_config("fig4_runtime", "smoke"), runtime_factors=(1.0, 1.5, 2.0, 3.0), fractions=(0.3, 0.6), workers=1)
+    tasks = budget_tasks(config)
+    expected = _rows([solve_budget(task) for task in tasks])
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import this test
+    solve = functools.partial(_held_solve, tmp_path)
+    with ThreadPoolExecutor(1) as runner:
+        running = runner.submit(run_tasks, solve, tasks, threads=1, cluster=cluster.scheduler_address)
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None and time.monotonic() < deadline and not running.done():
+            done = _entries(tmp_path, "done")
+            started = _entries(tmp_path, "start")
+            finished_by = {(name, pid) for name, pid, _ in done}
+            busy = [pid for name, pid, _ in started if (name, pid) not in finished_by]
+            if busy and any(float(at) < time.time() - 0.6 for _, _, at in done):  # a row back for a while
+                victim = int(busy[0])
+            else:
+                time.sleep(0.05)
+        assert victim is not None, "no task was in flight after a first one finished"
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        parts = running.result(timeout=120)
+    pd.testing.assert_frame_equal(_rows(parts)[COMPARED], expected[COMPARED])
+    done = _entries(tmp_path, "done")
+    started = _entries(tmp_path, "start")
+    assert {name for name, _, _ in done} == {f"{t.runtime_factor:g}x{t.fraction:g}" for t in tasks}
+    lost = [name for name, pid, _ in started if int(pid) == victim and not any(d[:2] == [name, pid] for d in done)]
+    assert len(lost) == 1  # the victim died in the middle of one task
+    assert sum(name == lost[0] for name, _, _ in started) == 2  # ... which another worker ran again
+    back_before = [name for name, _, at in done if float(at) < killed_at - 0.5]
+    assert back_before, "no row was back before the kill"
+    for name in back_before:  # a row already back is never recomputed
+        assert sum(d[0] == name for d in done) == 1, name
+
+
+def test_a_bad_or_silent_cluster_is_one_line_naming_the_fix(tmp_path):
+    config = stage_config("fig4_runtime", "smoke")
+    with pytest.raises(InvalidArgumentError, match=r"tcp://HOST:PORT"):
+        sweep(config, "localhost:8786")
+    params = tmp_path / "params.yaml"
+    params.write_text("presets: {}\ncluster:\n  address: tcp://127.0.0.1:8786\n")
+    assert cluster_address(None, params) == "tcp://127.0.0.1:8786"
+    params.write_text("presets: {}\ncluster:\n  address: 127.0.0.1\n")
+    with pytest.raises(InvalidArgumentError, match=r"params.yaml: cluster.address: '127.0.0.1' is not a Dask scheduler address"):
+        cluster_address(None, params)
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"no Dask scheduler answers at tcp://127\.0\.0\.1:1 .*dask scheduler"):
+        sweep(config, "tcp://127.0.0.1:1")  # nothing listens on port 1
+    assert time.monotonic() - started < 30
+
+
+def test_poetlab_sweep_refuses_a_stage_without_a_sweep_and_a_bad_address_in_one_line(tmp_path, capsys):
+    assert main(["sweep", "claims", "--out", str(tmp_path)]) == 2
+    assert main(["sweep", "fig4_runtime", "--preset", "smoke", "--cluster", "tcp://127.0.0.1", "--out", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "poetlab: error: stage 'claims' has no sweep; sweep stages: baselines, fig3_frontier, fig4_runtime, fig5_capuchin, table3_pofo"
+    assert lines[1].startswith("poetlab: error: --cluster: 'tcp://127.0.0.1' is not a Dask scheduler address; give tcp://HOST:PORT")
+    assert len(lines) == 2 and not any(tmp_path.iterdir())  # nothing written
