@@ -95,8 +95,8 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
 
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
     """Run ``schedule`` and plain steps from the same state, three times with one executor (the second step
-    runs with what the first showed to be needed: ScheduleExecutor._learn; the third may add up the last
-    run of bookkeeping the second replayed: Tail); assert equality after each; return the last result."""
+    runs with what the first showed to be needed: ScheduleExecutor._learn); assert equality after each;
+    return the last result."""
     loss_fn = nn.CrossEntropyLoss()
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)
@@ -633,7 +633,7 @@ def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int]
         with note(run, k):
             real_hand_over(run, k)
 
-    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's, advance_plan's)
+    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's)
         if node_at.get(k) == run.cursor:
             with note(run, k):
                 return real_free(run, k)
@@ -732,16 +732,14 @@ def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
         real_hook_pending(run)
 
     monkeypatch.setattr(StepRun, "_hook_pending", hook_pending)
-    advanced: list[int] = []  # (the general loop: only the end of the step's, once a step has learnt)
+    advanced: list[int] = []  # (the general loop: at most once a pre-hooked backward node, and at the step's end)
     real_advance = StepRun._advance
     monkeypatch.setattr(StepRun, "_advance", lambda run, stop: advanced.append(stop) or real_advance(run, stop))
     for _ in range(2):
         hooked.append(set())
         executor.step(inputs, targets)
     assert hooked[0] == hooked[1] == executor._hook_at
-    # each pre-hook ran the plan made for its position (advance_plan): one per hooked node, made once
-    assert {j for _, j in executor._plans} == executor._hook_at and len(executor._plans) == len(executor._hook_at)
-    assert len(advanced) == 2  # (_advance_to_end's, one a step)
+    assert 2 <= len(advanced) <= 2 * (len(executor._hook_at) + 1)
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
@@ -764,26 +762,6 @@ def test_the_buffers_backup_copies_each_buffer_and_is_made_again_for_a_resized_o
     backup = BufferBackup(buffers)
     (k,) = [k for k, b in enumerate(buffers) if b is module[0].running_mean]
     assert backup.take() and torch.equal(backup.copies[k], torch.arange(5.0))
-
-
-@pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
-def test_learnt_runs_of_bookkeeping_add_up_to_what_they_replayed(name, fuse):
-    """Once learnt, the generated code's runs of bookkeeping (segments' and pre-hooks' plans) are replayed
-    event by event once and add up their sums after (SummedReplay), setting only the states something
-    reads later: not those of gradients whose every operation is bookkeeping. The counts and the planned
-    peak are what the event-by-event replay gives, the simulator's (_check_step: three steps)."""
-    module, inputs, targets, graph, costs = _traced(name, fuse)
-    schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
-    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
-    fields = ("n_computes", "n_recomputes", "n_skipped_ops", "planned_peak_bytes")
-    results = [executor.step(inputs, targets) for _ in range(3)]
-    assert executor._summed and all(r.sums is not None for r in executor._summed)
-    assert executor._stateless and sum(map(len, (r.stateful for r in executor._summed))) < sum(map(len, (r.events for r in executor._summed)))
-    for r in executor._summed:  # (event by event again: the same)
-        r.sums = None
-    results.append(executor.step(inputs, targets))
-    assert len({tuple(getattr(result, f) for f in fields) for result in results[1:]}) == 1
-    _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("resnet", False)])

@@ -16,7 +16,7 @@ from poetlab.torch.kernels import planned_kernels
 from poetlab.torch.execute.codegen import compile_group, stands_in, bind_graph
 from poetlab.torch.execute.graphless import graphless_nodes, managed_nodes
 from poetlab.torch.execute.result import ExecutionError, ExecutionResult
-from poetlab.torch.execute.segments import SummedReplay, backward_runs_of, handovers_of, segments_of
+from poetlab.torch.execute.segments import backward_runs_of, handovers_of, segments_of
 from poetlab.torch.execute.state import BufferBackup, RerunBuffers, copy_buffers, storage_key, pop_saved_hooks, push_saved_hooks, set_versions
 from poetlab.torch.execute.step import StepRun
 from poetlab.torch.fx_trace import traced_module
@@ -24,7 +24,6 @@ from poetlab.torch.probes import attribute_tensors
 
 if TYPE_CHECKING:
     from poetlab.torch.execute.codegen import CompiledGroup
-    from poetlab.torch.execute.segments import Tail
 
 
 # ---- the executor ------------------------------------------------------------------------------
@@ -44,9 +43,9 @@ class ScheduleExecutor:
         "placeholders", "_batch_of", "_group_of", "_external", "_compiled", "_n_computes", "_managed",
         "_packed", "_hooked", "_kept", "_learnt", "_unchecked_reads", "_owned_sources", "_owned_places",
         "_tracking", "_computed_at", "_handover", "_handed_frees", "_segments", "_backward_start",
-        "_handover_candidates", "_bookkeeping_end", "_last_run", "_tail", "_plans", "_output_bytes",
+        "_handover_candidates", "_bookkeeping_end", "_output_bytes",
         "_has_pageouts", "_rerun_code", "_buffer_backup", "_buffers_of", "_rerun_in_backward", "_backward_buffers", "_aside",
-        "_packed_now", "_events", "_hook_at", "_summed", "_stateless", "_hookless", "_graphless", "_trigger",
+        "_packed_now", "_events", "_hook_at", "_hookless", "_graphless", "_trigger",
     )
 
     def __init__(
@@ -162,9 +161,6 @@ class ScheduleExecutor:
         self._segments = segments_of(self)
         self._handover_candidates = handovers_of(self)  # (those of them nobody else holds are handed over: _learn)
         self._events, self._bookkeeping_end = backward_runs_of(self)
-        self._last_run = self._bookkeeping_end.index(len(schedule.ops))  # (where the last run starts)
-        self._tail: Tail | None = None  # (learnt: StepRun._advance_to_end, step)
-        self._plans: dict[tuple[int, int], Callable[[StepRun], None]] = {}  # (cursor, backward node) -> advance_plan
         self._output_bytes = [node.output_bytes for node in graph.nodes]
         self._has_pageouts = any(op.kind is OpKind.PAGE_OUT for op in schedule.ops)
         self._buffer_backup: BufferBackup | None = None
@@ -175,10 +171,6 @@ class ScheduleExecutor:
             if op.kind is OpKind.COMPUTE and self.binding.forward_of[op.node] is None and op.node not in self.binding.inputs
         )
         self._backward_buffers: RerunBuffers | None = None
-        # the generated code's runs of bookkeeping once learnt (SummedReplay, by index), and the gradients
-        # whose states nothing reads: every operation of theirs is bookkeeping (set by _learn, with _hook_at)
-        self._summed: list[SummedReplay] = []
-        self._stateless: frozenset[int] = frozenset()
 
     def _without_hooks(self, run: "StepRun") -> dict[int, tuple[tuple[tuple[str, str | None], ...], int]]:
         """The lean managed nodes that the first step found all of whose storages without the saved-tensor
@@ -201,11 +193,6 @@ class ScheduleExecutor:
             rewritten = {id(b) for b in rerun.buffers}
             found = {i: places for i, places in found.items() if not any(id(b) in rewritten for b in self._node_buffers(i))}
         return found
-
-    def _summed_replay(self, events: Sequence[tuple[int, int]]) -> int:
-        """A new :class:`SummedReplay` of ``events``, by its index in ``_summed`` (what generated code passes)."""
-        self._summed.append(SummedReplay(tuple(events), self._stateless))
-        return len(self._summed) - 1
 
     def _group_buffers(self, i: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Forward node ``i``'s rerun's buffers (:meth:`_node_buffers`, which a rerun would update a second
@@ -308,7 +295,6 @@ class ScheduleExecutor:
         - Only the parameters and buffers that those nodes met (saved, or returned as values) need their
           storages looked up (:attr:`StepRun.constant_keys`): the same code reads the same tensors every step.
           Their storages are still looked up on every step, since ``p.data = ...`` replaces one.
-        - The schedule's last run of bookkeeping adds up to the same sums every step (:class:`Tail`).
 
         Every pre-hook and every saved tensor under the hooks is a Python call (a few microseconds each on
         a busy cache): this is what the executor's own time follows once it has learnt."""
@@ -336,12 +322,8 @@ class ScheduleExecutor:
                     after[use] = (*after.get(use, ()), k)
                 self._handover, self._handed_frees = after, frozenset(free for _, free in handed.values())
                 self._events, self._bookkeeping_end = backward_runs_of(self)
-                self._last_run = self._bookkeeping_end.index(len(self.schedule.ops))
         hook_at = frozenset(j for j, positions in run.worked.items() if not self._handed_frees.issuperset(positions))
         self._hook_at, self._packed_now = hook_at, packed
-        gradients = {op.node for op in self.schedule.ops if self.binding.forward_of[op.node] is not None}
-        worked = {op.node for p, op in enumerate(self.schedule.ops) if p >= self._backward_start and self._events[p] is None}
-        self._stateless = frozenset(gradients - worked - hook_at)
         # (their code registers pre-hooks, switches the saved-tensor hooks and tracks storages as this showed)
         self._segments = segments_of(self)
 
@@ -387,8 +369,6 @@ class ScheduleExecutor:
         self._restore_grads(add=True)
         if not self._learnt:
             self._learn(run)
-        if run.tail is not None and run.n_unplanned == 0:
-            self._tail = run.tail  # (see Tail)
         wall, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
         return ExecutionResult(
             loss=run.loss_value,

@@ -1,4 +1,4 @@
-"""The fast path of the steps after the first (NOTE [5], [8]): the forward pass as generated segments, the bookkeeping replayed in one loop, each backward pre-hook's plan generated once, last frees handed over to autograd. See docs/executor.md."""
+"""The fast path of the steps after the first (NOTE [5], [8]): the forward pass as generated segments, the bookkeeping replayed in one loop, last frees handed over to autograd. See docs/executor.md."""
 
 from __future__ import annotations
 
@@ -60,39 +60,6 @@ class Segment:
 _FREE, COMPUTE, SKIPPED_FREE, RECOMPUTED_BATCH = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class Tail:
-    """The schedule's last run of bookkeeping, from position ``start`` to the end, as what it adds up to.
-    It is the same on every step and nothing reads the nodes' states after it, so once a step has shown
-    that it frees no storage, the steps after it that start it at the same position add these sums instead
-    of replaying it event by event (checkpoint-all's whole backward pass: a few hundred events). Where it starts depends on the pre-hooks, which change once after
-    the first step (:meth:`ScheduleExecutor._learn`): a step that cannot use the sums keeps its own."""
-
-    start: int
-    n_computes: int
-    n_recomputes: int
-    n_skipped: int
-    planned: int  # the change of the planned bytes
-    rise: int  # the planned bytes' highest point above their value at ``start``
-
-
-class SummedReplay:
-    """A run of bookkeeping events in the generated code of a step that has learnt (a plan, a segment:
-    :func:`advance_plan`, :func:`_compile_segment`), and, once it has been replayed without freeing a
-    storage and without an unplanned fetch, what it adds up to (``sums``: the counts, the change of the
-    planned bytes and their highest point above their start). It is the same on every such step, so the
-    steps after add the sums and only set the states of the nodes that something reads later
-    (``stateful``: not a gradient whose every operation is bookkeeping and whose autograd node drives
-    nothing), as :class:`Tail` does for the last run."""
-
-    __slots__ = ("events", "stateful", "sums")
-
-    def __init__(self, events: tuple[tuple[int, int], ...], stateless: frozenset[int]):
-        self.events = events
-        self.stateful = tuple((i, what == COMPUTE or what == RECOMPUTED_BATCH) for i, what in events if i not in stateless)
-        self.sums: tuple[int, int, int, int, int] | None = None
-
-
 def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, int] | None:
     """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`StepRun._replay`, when it is one for
     which the step has nothing to do but count: a compute (of a node whose work is done elsewhere: a
@@ -135,43 +102,6 @@ def backward_runs_of(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | No
         if events[position] is not None:
             ends[position] = ends[position + 1]
     return tuple(events), tuple(ends)
-
-
-def advance_plan(ex: "ScheduleExecutor", start: int, stop: int) -> Callable[["StepRun"], None]:
-    """What :meth:`StepRun._advance` does from position ``start`` up to ``stop`` (exclusive), as one generated
-    function of the run (as a :class:`Segment`'s code is), for the steps after the first: each run of
-    bookkeeping replayed at once (its events a constant, not a slice of them made per step), a rerun as
-    its call (a compute of a forward node that an earlier position computed first: :meth:`StepRun._rerun`),
-    a free of a forward node as ``_free``, any other operation as ``_do_at``, each after the cursor is set
-    to its position and followed by its hand-overs, and the cursor at ``stop`` in the end. Not which
-    positions had work (``StepRun.worked``): only the first step learns from it. (A generated plan
-    replaces the loop around the pre-hook's work, its lookups and the dispatch of each operation.)"""
-    ops, binding = ex.schedule.ops, ex.binding
-    sub = fx.Graph()
-    run = sub.placeholder("run")
-    position = start
-    while position < stop:
-        end = min(ex._bookkeeping_end[position], stop)
-        if end > position:
-            sub.call_method("_replay_summed", (run, ex._summed_replay(ex._events[position:end])))
-            position = end
-            continue
-        op = ops[position]
-        i = op.node
-        forward = binding.forward_of[i] is None and i not in binding.inputs
-        sub.call_function(setattr, (run, "cursor", position))  # (where the step is, as _advance has it)
-        if op.kind is OpKind.COMPUTE and forward and ex._computed_at[i] < position:
-            sub.call_method("_rerun", (run, i))
-        elif op.kind is OpKind.FREE and forward:
-            sub.call_method("_free", (run, i))
-        else:
-            sub.call_method("_do_at", (run, position))
-        for k in ex._handover.get(position, ()):
-            sub.call_method("_hand_over", (run, k))
-        position += 1
-    sub.call_function(setattr, (run, "cursor", stop))
-    sub.output(None)
-    return fx.GraphModule(torch.nn.Module(), sub).forward
 
 
 def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
@@ -302,10 +232,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
 
     def flush() -> None:  # (the bookkeeping before the next call, in the schedule's order)
         if events:
-            if ex._learnt:
-                sub.call_method("_replay_summed", (run, ex._summed_replay(events)))
-            else:
-                sub.call_method("_replay", (run, tuple(events)))
+            sub.call_method("_replay", (run, tuple(events)))
             events.clear()
 
     def call(method: str, *args: object) -> None:

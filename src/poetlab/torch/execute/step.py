@@ -14,7 +14,7 @@ from poetlab.techniques.bittrain import as_words, compress, decompress
 from poetlab.torch.paging import PageStore
 from poetlab.torch.probes import tensors_in
 from poetlab.torch.execute.result import ExecutionError
-from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH, SKIPPED_FREE, Tail, advance_plan
+from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH, SKIPPED_FREE
 from poetlab.torch.execute.state import COMPRESSION_OPS, NodeState, copy_buffers, storage_key, set_versions, storages_of
 from poetlab.torch.execute.step_compute import StepComputing
 from poetlab.torch.execute.step_records import StepRecords
@@ -35,7 +35,7 @@ class StepRun(StepComputing, StepRecords):
         "batch_keys", "store", "unmanaged_keys", "cursor", "current", "current_packs", "pending_own", "packs",
         "rng_before", "hooks", "seen_fns", "pending_hooks", "worked", "shared", "viewing", "owned_sources",
         "hookless", "loss", "loss_value", "planned", "planned_peak", "n_computes", "n_unplanned", "n_compresses",
-        "recompute_cpu_s", "tail", "buffers_kept", "n_recomputes", "n_pageouts", "n_pageins", "n_skipped",
+        "recompute_cpu_s", "buffers_kept", "n_recomputes", "n_pageouts", "n_pageins", "n_skipped",
         "n_decompresses", "compressed_bytes",
     )
 
@@ -86,7 +86,6 @@ class StepRun(StepComputing, StepRecords):
         self.n_unplanned = self.n_skipped = 0
         self.n_compresses = self.n_decompresses = self.compressed_bytes = 0
         self.recompute_cpu_s = 0.0
-        self.tail: Tail | None = None  # (what the last run of bookkeeping added up to: _advance_to_end)
         self.buffers_kept = False  # (the buffers of the nodes rerun in the backward pass: _rerun_buffers)
 
     @property
@@ -170,7 +169,7 @@ class StepRun(StepComputing, StepRecords):
             self.buffers_kept = True
         self.loss.backward()
         self.loss = None
-        self._advance_to_end()
+        self._advance(len(self.ex.schedule.ops))
         if rerun.buffers and not reset:
             copy_buffers(rerun.buffers, rerun.kept)
         if self.ex.prefetch:
@@ -185,38 +184,9 @@ class StepRun(StepComputing, StepRecords):
         position = self.ex._computed_at.get(j, -1)
         if position < self.cursor:
             raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
-        if self.ex._learnt:  # (the same work from the same position every step: made once, :func:`advance_plan`)
-            plan = self.ex._plans.get((self.cursor, j))
-            if plan is None:
-                plan = self.ex._plans[(self.cursor, j)] = advance_plan(self.ex, self.cursor, position + 1)
-            plan(self)
-            return
         worked = self._advance(position + 1)
-        if worked:
+        if worked and not self.ex._learnt:
             self.worked[j] = worked
-
-    def _advance_to_end(self) -> None:
-        """Perform the rest of the schedule after the backward pass; its last run of bookkeeping as the
-        sums a step before added up (:class:`Tail`), where they apply: nothing fetched unplanned, the
-        same start. Otherwise replayed, and summed (``self.tail``, for the steps after) when it freed no
-        storage."""
-        start = max(self.cursor, self.ex._last_run)
-        self._advance(start)
-        tail = self.ex._tail
-        if tail is not None and tail.start == start and self.n_unplanned == 0:
-            self.n_computes += tail.n_computes
-            self.n_recomputes += tail.n_recomputes
-            self.n_skipped += tail.n_skipped
-            self.planned_peak = max(self.planned_peak, self.planned + tail.rise)
-            self.planned += tail.planned
-        else:
-            counts, planned, peak = (self.n_computes, self.n_recomputes, self.n_skipped), self.planned, self.planned_peak
-            self.planned_peak = planned
-            freed = self._replay(self.ex._events[start:])
-            if not freed:
-                self.tail = Tail(start, self.n_computes - counts[0], self.n_recomputes - counts[1], self.n_skipped - counts[2], self.planned - planned, self.planned_peak - planned)
-            self.planned_peak = max(peak, self.planned_peak)
-        self.cursor = len(self.ex.schedule.ops)
 
     def _advance(self, stop: int) -> list[int]:
         """Perform the schedule's operations up to position ``stop`` (exclusive): runs of bookkeeping at
@@ -240,7 +210,7 @@ class StepRun(StepComputing, StepRecords):
         return worked
 
     def _rerun(self, i: int) -> None:
-        """A compute of forward node ``i`` that was computed before (:meth:`_do`, a plan)."""
+        """A compute of forward node ``i`` that was computed before (:meth:`_do`)."""
         self.n_computes += 1
         self.n_recomputes += 1
         self._recompute(i)
@@ -346,38 +316,6 @@ class StepRun(StepComputing, StepRecords):
                     held = True
         self.planned, self.planned_peak = planned, peak
         return held
-
-    def _replay_summed(self, k: int) -> None:
-        """:meth:`_replay` of the learnt generated code's ``k``-th run (:class:`SummedReplay`): its sums
-        once known, and the states of its stateful nodes set; event by event (and summed, for the steps
-        after) otherwise, or after an unplanned fetch."""
-        replay = self.ex._summed[k]
-        sums = replay.sums
-        if sums is None or self.n_unplanned:
-            counts, planned, peak = (self.n_computes, self.n_recomputes, self.n_skipped), self.planned, self.planned_peak
-            self.planned_peak = planned
-            freed = self._replay(replay.events)
-            rise = self.planned_peak - planned
-            self.planned_peak = max(peak, self.planned_peak)
-            if not freed and not self.n_unplanned:
-                replay.sums = (self.n_computes - counts[0], self.n_recomputes - counts[1], self.n_skipped - counts[2], self.planned - planned, rise)
-            return
-        n_computes, n_recomputes, n_skipped, change, rise = sums
-        self.n_computes += n_computes
-        self.n_recomputes += n_recomputes
-        self.n_skipped += n_skipped
-        if self.planned + rise > self.planned_peak:
-            self.planned_peak = self.planned + rise
-        self.planned += change
-        state = self.state
-        for i, compute in replay.stateful:
-            st = state[i]
-            if compute:
-                st.computed = True
-            if st.in_ram != compute:
-                st.in_ram = compute
-                if st.held:
-                    self._count_holders(st, compute)
 
     def _compression_op(self, op: Op) -> None:
         """Compress node ``op.node``'s storages beside the dense ones, decompress them back into the
