@@ -9,7 +9,8 @@ relaxation keeps the schedule's variables and drops FREE and U:
 - K[i, t] (S_RAM: tensor i in RAM at the start of stage t), R[i, t] (recompute i in stage t), I[i, t]
   (page i in during stage t), O[i] (i was paged out: its page-out energy once);
 - K[i, t + 1] <= K[i, t] + R[i, t] + I[i, t]  (the MILP's row (2)); I[i, t] <= K[i, t + 1], I[i, t] <= O[i],
-  I[i, t] + K[i, t] <= 1;
+  I[i, t] + K[i, t] <= 1, and a page-in only of a tensor in RAM at some earlier stage start (Z, which
+  the MILP's page-out needs);
 - a node computed in stage t has its inputs: K[u, t] + R[u, t] >= 1 for node t's inputs u, and
   R[v, t] <= K[u, t] + R[u, t] for a recomputed v;
 - RAM at two moments of each stage, each a sum of tensors the MILP must hold then:
@@ -106,13 +107,15 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
     n = pi.size
     K, R, I = pair, np.where(pair >= 0, pair + n, -1), np.where(pair >= 0, pair + 2 * n, -1)
     O = 3 * n + np.arange(T)
+    Z = np.where(pair >= 0, pair + 3 * n + T, -1)  # Z[i, t]: tensor i was in RAM at some stage start <= t
     scale = costs.plain_step_energy_j
-    c = np.concatenate([np.zeros(n), costs.recompute_energy_j[pi], costs.pagein_energy_j[pi], costs.pageout_energy_j]) / scale
+    c = np.concatenate([np.zeros(n), costs.recompute_energy_j[pi], costs.pagein_energy_j[pi], costs.pageout_energy_j, np.zeros(n)]) / scale
     col_upper = np.concatenate([
         np.ones(n),
         (movable[pi] & options.remat).astype(float),
         (movable[pi] & options.paging & (pt < T - 1)).astype(float),
         (movable & options.paging).astype(float),
+        np.ones(n),
     ])
     rows = _Rows()
     inf = np.inf
@@ -128,6 +131,15 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
     ids = rows.add(i.size, -inf, 1.0)  # I[i, t] + K[i, t] <= 1: no page-in of what is in RAM at the stage start
     rows.terms(ids, I[i, t], 1.0)
     rows.terms(ids, K[i, t], 1.0)
+    # a page-in follows a page-out of a tensor in RAM at an earlier stage start: I[i, t] <= Z[i, t - 1],
+    # Z[i, t] <= Z[i, t - 1] + K[i, t]
+    ids = rows.add(n, -inf, 0.0)
+    rows.terms(ids, I[pi, pt], 1.0)
+    rows.terms(ids, Z[pi, pt - 1], -1.0)
+    ids = rows.add(n, -inf, 0.0)
+    rows.terms(ids, Z[pi, pt], 1.0)
+    rows.terms(ids, Z[pi, pt - 1], -1.0)
+    rows.terms(ids, K[pi, pt], -1.0)
     # I[i, t] <= O[i]
     ids = rows.add(n, -inf, 0.0)
     rows.terms(ids, I[pi, pt], 1.0)
@@ -168,8 +180,8 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
         if options.count_paging_time:
             rows.terms(np.full(n, ids[0]), I[pi, pt], costs.pagein_time_s[pi])
             rows.terms(np.full(T, ids[0]), O, costs.pageout_time_s)
-    A = rows.matrix(3 * n + T)
-    return c, A, np.concatenate(rows.lower), np.concatenate(rows.upper), col_upper, {"K": K, "R": R, "I": I, "O": O}
+    A = rows.matrix(4 * n + T)
+    return c, A, np.concatenate(rows.lower), np.concatenate(rows.upper), col_upper, {"K": K, "R": R, "I": I, "O": O, "Z": Z}
 
 
 def relaxation_point(graph: TrainingGraph, matrices: dict[str, np.ndarray], index: dict[str, np.ndarray]) -> np.ndarray:
@@ -179,7 +191,9 @@ def relaxation_point(graph: TrainingGraph, matrices: dict[str, np.ndarray], inde
     T = graph.n_nodes
     S_RAM = np.asarray(matrices["S_RAM"], dtype=bool)
     kept_next = np.vstack([S_RAM[1:], np.zeros((1, T), dtype=bool)]) & ~S_RAM
-    x = np.zeros(3 * int((index["K"] >= 0).sum()) + T)
+    x = np.zeros(4 * int((index["K"] >= 0).sum()) + T)
+    i, t = np.nonzero(index["Z"] >= 0)
+    x[index["Z"][i, t]] = np.maximum.accumulate(S_RAM, axis=0)[t, i]
     for name, source in (("K", S_RAM), ("R", np.asarray(matrices["R"], dtype=bool)), ("I", np.asarray(matrices["M_IN"], dtype=bool) & kept_next)):
         i, t = np.nonzero(index[name] >= 0)
         x[index[name][i, t]] = source[t, i]
