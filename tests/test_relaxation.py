@@ -78,6 +78,6 @@ def test_the_relaxation_certifies_vgg16_cifar_on_m4_at_ten_percent():
     assert relaxed.optimal
     sim = simulate(relaxed.schedule, graph, costs, ram_budget_bytes=options.ram_budget_bytes, runtime_budget_s=1.05 * costs.plain_step_runtime_s)
     assert sim.energy_j <= relaxed.bound_j * (1 + 1e-5)
-    result = solve(graph, costs, options.ram_budget_bytes, 1.05, time_limit_s=60, mip_gap=1e-3, threads=1)
+    result = solve(graph, costs, options.ram_budget_bytes, 1.05, time_limit_s=150, mip_gap=1e-3, threads=1)  # (10-30 s; generous for a loaded machine)
     assert result.status == "optimal" and result.solver == "bound"
     assert result.energy_j <= result.bound_j * (1 + 1e-3)

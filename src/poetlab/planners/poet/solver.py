@@ -49,6 +49,8 @@ STAGED_MIN_TIME_LIMIT_S = 10.0
 #: the share of the time limit the stage relaxation may take (its solve is the best start and bound on
 #: the instances the eviction bound leaves open; docs/solve.md, NOTE 3)
 RELAXATION_SHARE = 0.4
+#: below this time limit the relaxation is skipped (its worker and presolve would take the share)
+RELAXATION_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 
 
@@ -164,7 +166,7 @@ def solve(
     ``bound``: ``eviction`` (default) proves a lower bound before the MILP (:func:`poetlab.planners.poet.bounds.eviction_bound`:
     the cheapest regeneration of what the budget cannot hold), then, if no start meets it, solves the
     stage relaxation (:func:`poetlab.planners.poet.relaxation.stage_relaxation`, ``RELAXATION_SHARE`` of
-    the time limit) for a second bound and a start; the solve ends as soon as a schedule is within
+    a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound and a start; the solve ends as soon as a schedule is within
     ``mip_gap`` of the better bound. ``trivial`` keeps one plain step's energy, as before them (benchmarks).
 
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
@@ -258,7 +260,7 @@ def solve(
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
 
-    if bound == "eviction" and not compression and not proven():
+    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
         lower_bound = max(lower_bound, relaxed.bound_j)
