@@ -6,8 +6,9 @@ solve) and never the current directory (``-I``: no script directory, working dir
 
 Reads one pickled request (a dict of plain numpy arrays and numbers, see ``request`` in
 :func:`poetlab.planners.poet.backends._solve_highs`) on stdin. Writes length-prefixed pickled messages on the file
-descriptor that was stdout: ('incumbent', objective, x) for each improving solution and
-('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
+descriptor that was stdout: ('incumbent', objective, x) for each improving solution, ('bound',
+dual bound) at most twice a second while the MIP runs (so that a worker killed past its time limit has
+still told its bound), and ('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
 never corrupt the message stream; the parent keeps stderr's last line to explain a worker that died.
 
 The worker dies with its parent, whose pid is its one argument: on Linux the kernel sends it SIGKILL when
@@ -97,6 +98,15 @@ def main(argv: list[str]) -> None:
         _send(messages, ("incumbent", float(event.data_out.objective_function_value), np.array(event.data_out.mip_solution)))
 
     h.cbMipImprovingSolution.subscribe(on_improving)
+    reported = [-1.0]
+
+    def on_progress(event) -> None:
+        bound, now = float(event.data_out.mip_dual_bound), float(event.data_out.running_time)
+        if np.isfinite(bound) and now - reported[0] >= 0.5:
+            reported[0] = now
+            _send(messages, ("bound", bound))
+
+    h.cbMipInterrupt.subscribe(on_progress)
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()

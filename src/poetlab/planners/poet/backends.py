@@ -195,6 +195,7 @@ def _solve_highs(
     deadline = started + time_limit_s + max(_GRACE_S, 0.1 * time_limit_s)
     best_objective: float | None = None
     best_x: np.ndarray | None = None
+    best_bound: float | None = None  # the last dual bound the worker reported, kept if it must be killed
     final = None
     killed = False
     A = model.A.tocsc()
@@ -225,6 +226,9 @@ def _solve_highs(
                 continue
             if message is None:
                 break
+            if message[0] == "bound":
+                best_bound = message[1] if best_bound is None else max(best_bound, message[1])
+                continue
             if message[0] == "incumbent":
                 if best_objective is None or message[1] < best_objective:
                     best_objective, best_x = message[1], message[2]
@@ -246,8 +250,10 @@ def _solve_highs(
         if not killed:
             why = tail[-1] if tail else "no output on stderr"
             raise PoetlabError(f"the HiGHS worker exited (code {process.returncode}) without an answer: {why}")
-        return MilpSolution("time_limit", "highs", best_x, best_objective, None, None, elapsed)
+        return MilpSolution("time_limit", "highs", best_x, best_objective, best_bound, relative_gap(best_objective, best_bound), elapsed)
     _, status, objective, bound, x = final
+    if bound is None and best_bound is not None and status != "infeasible":
+        bound = best_bound
     if status.startswith("error"):
         raise PoetlabError(f"HiGHS failed ({status[7:]}); try --solver gurobi or another time limit")
     if x is None and best_x is not None:

@@ -9,7 +9,9 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   optimal. Else solve the stage relaxation (:mod:`poetlab.planners.poet.relaxation`) for a share of the
+   time limit: its bound joins the eviction bound, its solution made into a schedule joins the
+   starts, and a start within the gap of the better bound is optimal. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
    bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
@@ -35,6 +37,7 @@ from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
 
@@ -44,6 +47,11 @@ STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 # Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
 # nothing the quick starts do not already give, and the whole solve must end near its limit.
 STAGED_MIN_TIME_LIMIT_S = 10.0
+#: the share of the time limit the stage relaxation may take (its solve is the best start and bound on
+#: the instances the eviction bound leaves open; docs/solve.md, NOTE 3)
+RELAXATION_SHARE = 0.4
+#: below this time limit the relaxation is skipped (its worker and presolve would take the share)
+RELAXATION_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 
 
@@ -157,8 +165,10 @@ def solve(
     separate POET solve with the same limit can land a little lower or higher; optimal ones agree.)
 
     ``bound``: ``eviction`` (default) proves a lower bound before the MILP (:func:`poetlab.planners.poet.bounds.eviction_bound`:
-    the cheapest regeneration of what the budget cannot hold), which ends the solve as soon as a schedule
-    is within ``mip_gap`` of it; ``trivial`` keeps one plain step's energy, as before it (benchmarks).
+    the cheapest regeneration of what the budget cannot hold), then, if no start meets it, solves the
+    stage relaxation (:func:`poetlab.planners.poet.relaxation.stage_relaxation`, ``RELAXATION_SHARE`` of
+    a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound and a start; the solve ends as soon as a schedule is within
+    ``mip_gap`` of the better bound. ``trivial`` keeps one plain step's energy, as before them (benchmarks).
 
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
@@ -251,6 +261,13 @@ def solve(
 
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
+
+    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
+        remaining = started + time_limit_s - time.perf_counter()
+        relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
+        lower_bound = max(lower_bound, relaxed.bound_j)
+        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay)
+        log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if compression and not proven():
         plain = solve(
