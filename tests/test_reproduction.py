@@ -30,7 +30,7 @@ from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
 from poetlab.reproduction.tables import write_table
 
 PARAMS = REPO / "params.yaml"
-NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report", "techniques_frontier")
+NOTEBOOKS = ("table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report", "techniques_frontier", "user_models")
 
 
 def row(method="poet", fraction=1.0, energy=1.0, plain=1.0, peak=100, runtime=1.0, factor=2.0, gap=0.0, status="optimal",
@@ -212,6 +212,8 @@ def test_every_preset_has_valid_reproduction_params():
         ("claims", "gap_tolerence", 0.1, "presets.smoke.claims.gap_tolerence is not a parameter of this stage"),
         ("techniques_frontier", "relu_density", 1.5, "presets.smoke.techniques_frontier.relu_density must be a finite number in [0, 1]"),
         ("techniques_frontier", "solver", "cplex", "presets.smoke.techniques_frontier.solver is an unknown solver 'cplex'"),
+        ("user_models", "models", ["examples/nosuch.py:make"], "presets.smoke.user_models.models names examples/nosuch.py, which is not a file"),
+        ("user_models", "models", ["examples/tied.py"], "presets.smoke.user_models.models has 'examples/tied.py'; give each model as path/to/file.py:FUNCTION"),
         ("techniques_frontier", "sparse_scheme", "last-9", "presets.smoke.techniques_frontier.sparse_scheme is not a sparse-update scheme: 'last-9'"),
     ],
 )
@@ -340,3 +342,16 @@ def test_committed_reproduction_outputs_match_the_active_preset():
     claims = pd.read_csv(REPO / "experiments" / "tables" / "claims.csv")
     assert len(claims) == len(claims_module.CLAIMS)
     assert (REPO / "experiments" / "report.md").read_text().startswith("# ")
+
+
+def test_smoke_user_models(smoke_outputs):
+    """The user's model trained under POET's tightest schedule: losses and parameters identical to plain
+    PyTorch, the measured peak within the budget, and the schedule really moved tensors."""
+    m = metrics(smoke_outputs, "user_models")
+    assert m["n_models"] == 1 and m["all_identical_and_within_budget"]
+    tied = m["tied"]
+    assert tied["n_feasible"] == tied["n_budgets"] == 2
+    assert tied["moved_tensors"] > 0 and tied["measured_peak_bytes"] <= tied["ram_budget_bytes"]
+    checks = pd.read_csv(smoke_outputs / "tables" / "user_models_checks.csv")
+    assert checks.identical.all() and checks.within_budget.all()
+    assert (smoke_outputs / "figures" / "user_models.png").stat().st_size > 0

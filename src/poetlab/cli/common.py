@@ -98,13 +98,23 @@ def model_graph(model: str, batch_size: int, fuse: bool) -> TrainingGraph:
     raise UnknownNameError("model", model, [*PAPER_MODELS, *TORCH_MODELS])
 
 
-def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
-    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate
-    (:func:`poetlab.torch.host_profile.host_costs`, saying which)."""
-    from poetlab.torch.host_profile import find_host_profile, host_costs as costs_on_host
+def host_profile(args: argparse.Namespace):
+    """The host profile ``--platform host`` costs with (``--profile``, else the one found for the model),
+    loaded and checked before any graph is traced, so a bad file is refused at once."""
+    from poetlab.torch.host_profile import HostProfile, find_host_profile
 
     path = args.profile or find_host_profile(args.model, args.fuse)
-    costs, source = costs_on_host(graph, path)
+    return path, HostProfile.load(path)
+
+
+def host_costs(graph: TrainingGraph, args: argparse.Namespace, profile=None) -> CostModel:
+    """Measured per-node costs when the profile timed this graph; else flops at the host's measured rate
+    (:func:`poetlab.torch.host_profile.host_costs`, saying which). ``profile``: ``(path, HostProfile)``
+    from :func:`host_profile`, loaded here when not given."""
+    from poetlab.torch.host_profile import host_costs as costs_on_host
+
+    path, loaded = profile or host_profile(args)
+    costs, source = costs_on_host(graph, loaded)
     if source == "profiled":
         log.info("host costs: per-node times measured in %s", path)
     else:
@@ -114,9 +124,10 @@ def host_costs(graph: TrainingGraph, args: argparse.Namespace) -> CostModel:
 
 def graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, CostModel]:
     platform = None if args.platform == HOST else load_platform(args.platform, args.platform_dir)
+    profile = host_profile(args) if platform is None else None
     graph = model_graph(args.model, args.batch_size, args.fuse)
     if platform is None:
-        return graph, host_costs(graph, args)
+        return graph, host_costs(graph, args, profile)
     return graph, CostModel.from_flops(graph, platform)
 
 

@@ -11,7 +11,7 @@ from poetlab.core.graph import TrainingGraph
 from poetlab.core.platforms import HOST, load_platform
 from poetlab.planners.poet.solver import solve
 
-from poetlab.cli.common import EXIT_NO_SCHEDULE, graph_and_costs, host_costs
+from poetlab.cli.common import EXIT_NO_SCHEDULE, graph_and_costs, host_costs, host_profile
 
 
 def _technique_graph_and_costs(args: argparse.Namespace, graph: TrainingGraph, costs: CostModel) -> tuple[TrainingGraph, CostModel]:
@@ -75,10 +75,11 @@ def _scheme_graph_and_costs(args: argparse.Namespace) -> tuple[TrainingGraph, Co
     if args.freeze_before is not None:
         raise InvalidArgumentError("give --sparse-update or --freeze-before, not both (--freeze-before is for paper models)")
     platform = None if args.platform == HOST else load_platform(args.platform, args.platform_dir)
+    profile = host_profile(args) if platform is None else None
     built = build_torch_model(args.model, args.batch_size)
     scheme = parse_scheme(args.sparse_update, built.module)
     graph = scheme_graph(built.module, scheme, built.inputs, built.loss_fn, built.targets, fuse=args.fuse, name=args.model).graph
-    return graph, (host_costs(graph, args) if platform is None else CostModel.from_flops(graph, platform))
+    return graph, (host_costs(graph, args, profile) if platform is None else CostModel.from_flops(graph, platform))
 
 
 def cmd_solve(args: argparse.Namespace) -> int:

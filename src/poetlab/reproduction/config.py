@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,23 @@ class TechniquesFrontierConfig:
     sparse_scheme: str
     fractions: tuple[float, ...]
     runtime_factor: float
+    time_limit_s: float
+    mip_gap: float
+    threads: int
+    solver: str
+
+
+@dataclass(frozen=True)
+class UserModelsConfig:
+    """Your own models (``path/to/file.py:FUNCTION``, relative to the repository) planned by POET at memory
+    budgets as fractions from the smallest footprint (0) to checkpoint-all (1), workspace added, on
+    ``platform``, and executed ``steps`` steps at the tightest feasible one."""
+
+    models: tuple[str, ...]
+    fuse: bool
+    platform: str
+    fractions: tuple[float, ...]
+    steps: int
     time_limit_s: float
     mip_gap: float
     threads: int
@@ -281,6 +299,31 @@ def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
     )
 
 
+def _user_models_config(s: _Section) -> UserModelsConfig:
+    from poetlab.planners.poet.backends import SOLVERS
+
+    s.only("models", "fuse", "platform", "fractions", "steps", "time_limit_s", "mip_gap", "threads", "solver")
+    models = s.get("models")
+    if isinstance(models, str) or not isinstance(models, Sequence) or not models:
+        raise s.fail("models", "must be a non-empty list of model files, path/to/file.py:FUNCTION")
+    for spec in models:
+        path, _, function = str(spec).rpartition(":")
+        if not (isinstance(spec, str) and path.endswith(".py") and function.isidentifier()):
+            raise s.fail("models", f"has {spec!r}; give each model as path/to/file.py:FUNCTION")
+        if not Path(path).is_file():
+            raise s.fail("models", f"names {path}, which is not a file (paths are relative to the repository)")
+    if len(set(models)) != len(models):
+        raise s.fail("models", "lists a model twice; list each once")
+    if not isinstance(s.get("fuse"), bool):
+        raise s.fail("fuse", f"must be true or false, got {s.get('fuse')!r}")
+    return UserModelsConfig(
+        models=tuple(models), fuse=s.get("fuse"), platform=s.name("platform", available_platforms(), "platform"),
+        fractions=s.grid("fractions", 0.0, 1.0), steps=int(s.number("steps", 1, 100, integer=True)),
+        time_limit_s=float(s.number("time_limit_s", 0.1)), mip_gap=_mip_gap(s),
+        threads=int(s.number("threads", 1, 64, integer=True)), solver=s.name("solver", SOLVERS, "solver"),
+    )
+
+
 STAGES: Mapping[str, Callable[[_Section], object]] = {
     "graphs": _graphs_config,
     "baselines": _baselines_config,
@@ -293,6 +336,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "claims": _claims_config,
     "report": _report_config,
     "techniques_frontier": _techniques_frontier_config,
+    "user_models": _user_models_config,
 }
 assert set(MILP_VARIANTS) <= set(METHODS)
 

@@ -46,13 +46,14 @@ def conv_chain_graphs(config: TechniquesFrontierConfig, seed: int = 0):
 
 def techniques_rows(config: TechniquesFrontierConfig) -> pd.DataFrame:
     """One row per (method, budget), with the budget's fraction between the smallest footprint (0)
-    and checkpoint-all's peak (1) of the plain step, and the energy over one plain step."""
+    and checkpoint-all's peak (1) of the plain step (workspace added), and the energy over one plain step."""
     graph, sparse = conv_chain_graphs(config)
     platform = load_platform(config.platform)
     costs = CostModel.from_flops(graph, platform)
     peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     footprint, _ = min_footprint_bytes(graph)
-    budgets = {float(footprint + f * (peak - footprint)): f for f in config.fractions}
+    # (each budget includes the one-operation workspace the planner keeps free: TrainingGraph.workspace_bytes)
+    budgets = {float(graph.workspace_bytes + footprint + f * (peak - footprint)): f for f in config.fractions}
     densities = {i: config.relu_density for i, node in enumerate(graph.nodes) if "ReLU" in node.kind.split("+") and not node.is_backward}
     table = frontier_table(
         graph, platform, densities, list(budgets), config.runtime_factor, None, config.density_margin,

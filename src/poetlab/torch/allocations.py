@@ -17,6 +17,8 @@ The profiler slows the code it watches, so wall times are taken in separate, unp
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -84,11 +86,33 @@ def _allocated_in_block(events: list[tuple[int, int, int]]) -> list[tuple[int, i
 
 
 @contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to /dev/null: the pinned torch's profiler prints a "USDT: ... profiler_start"
+    (and "profiler_stop") line to the process's stderr, from C++, each time it starts and stops, which
+    would break every command's one-line output. Only the profiler's start and stop run inside."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextmanager
 def measure_allocations() -> Iterator[AllocationPeak]:
     """Context manager yielding an :class:`AllocationPeak` that is filled in at exit."""
     result = AllocationPeak()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with _quiet_stderr():
+        prof.start()
+    try:
         yield result
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     events: list[tuple[int, int, int]] = []
     results = getattr(prof.profiler, "kineto_results", None)
     if results is None or not hasattr(results, "experimental_event_tree"):  # (a private API of the pinned torch)
