@@ -30,7 +30,7 @@ from poetlab.reproduction.table3_pofo import pofo_metrics, pofo_table
 from poetlab.reproduction.tables import write_table
 
 PARAMS = REPO / "params.yaml"
-NOTEBOOKS = ("baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "claims", "report", "techniques_frontier")
+NOTEBOOKS = ("baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "tiny_training", "bittrain", "claims", "report", "techniques_frontier")
 
 
 def row(method="poet", fraction=1.0, energy=1.0, plain=1.0, peak=100, runtime=1.0, factor=2.0, gap=0.0, status="optimal",
@@ -212,6 +212,31 @@ def test_claims_on_baseline_rows():
     assert verdicts(small_outputs(baselines=flat))["remat_energy_grows"].startswith("differs: ")  # 1.0201 is within 1% of 1.02
 
 
+def tiny_table(full_step=8e6, sparse_step=1e6, forward=0.9e6, reordered_backward=0.3e6) -> pd.DataFrame:
+    row = lambda scheme, reordered, step, fwd, bwd: {"model": "m", "batch_size": 1, "scheme": scheme, "reordered": reordered, "step_peak_bytes": step,
+                                                     "forward_peak_bytes": fwd, "backward_peak_bytes": bwd, "trainable_param_bytes": 1000, "cost_function_bytes": bwd}
+    return pd.DataFrame([row("full", False, full_step, 0.8 * full_step, full_step), row("full", True, full_step, 0.8 * full_step, full_step),
+                         row("sparse", False, sparse_step, forward, sparse_step), row("sparse", True, max(forward, reordered_backward), forward, reordered_backward)])
+
+
+def bittrain_rows(sparsities, reductions) -> pd.DataFrame:
+    return pd.DataFrame([{"steps": 10 * k, "batch_size": 8, "train_accuracy": 0.9, "relu_sparsity": s, "saved_bytes": 1000, "stored_bytes": int(1000 * (1 - r)),
+                          "activation_reduction": r, "n_compressed": 3, "n_dense": 2, "param_bytes": 100, "step_peak_plain_bytes": 2000,
+                          "step_peak_bittrain_bytes": 1800, "gradients_equal": True, "training_memory_reduction": 0.09}
+                         for k, (s, r) in enumerate(zip(sparsities, reductions, strict=True))])
+
+
+def test_tiny_training_and_bittrain_claims():
+    verdict = verdicts(small_outputs(tiny_training=tiny_table(), bittrain=bittrain_rows([0.5, 0.55], [0.2, 0.26])))
+    assert verdict["tiny_training_sparse"] == "reproduced"  # 8x
+    assert verdict["tiny_training_reordered"].startswith("differs: ")  # the forward pass's 0.9 MB caps it at 8.9x
+    assert verdict["tiny_training_256kb"].startswith("differs: needs an int8 engine")
+    assert verdict["bittrain_50"].startswith("differs: at 55% sparsity") and verdict["bittrain_70"].startswith("differs: ")
+    verdict = verdicts(small_outputs(tiny_training=tiny_table(forward=0.2e6, sparse_step=2e6), bittrain=bittrain_rows([0.6, 0.8], [0.4, 0.6])))
+    assert verdict["tiny_training_sparse"].startswith("differs: ") and verdict["tiny_training_reordered"] == "reproduced"  # 4x; 26.7x
+    assert verdict["bittrain_50"] == verdict["bittrain_70"] == "reproduced"
+
+
 def test_paging_costs_and_the_batch_at_which_training_needs_200x():
     from poetlab.reproduction.cost_facts import paging_cost_table
     from poetlab.reproduction.feasibility import crossing_batch
@@ -377,11 +402,27 @@ def test_smoke_techniques_frontier(smoke_outputs):
     assert (smoke_outputs / "tables" / "techniques_frontier.csv").exists()
 
 
+def test_smoke_tiny_training(smoke_outputs):
+    m = metrics(smoke_outputs, "tiny_training")
+    table = pd.read_csv(smoke_outputs / "tables" / "tiny_training.csv")
+    assert len(table) == 4 and m["sparse_scheme"] == "last-2"
+    assert m["sparse_backward_reduction"] > 2 and m["reordered_backward_reduction"] >= m["sparse_backward_reduction"]  # reordering frees gradients early
+    assert m["forward_bound_reduction"] >= m["reordered_step_reduction"] * 0.999  # the forward pass bounds the step
+
+
+def test_smoke_bittrain(smoke_outputs):
+    m = metrics(smoke_outputs, "bittrain")
+    table = pd.read_csv(smoke_outputs / "tables" / "bittrain.csv")
+    assert list(table.steps) == [0, 20] and m["gradients_equal"]  # lossless: bit-identical gradients
+    assert 0.2 < m["relu_sparsity"] < 0.9 and 0 < m["activation_reduction"] < 1 - 1 / 32
+
+
 def test_smoke_claims_and_report(smoke_outputs):
     m = metrics(smoke_outputs, "claims")
     assert m["n_claims"] == len(claims_module.CLAIMS)
     assert set(m["verdicts"].values()) <= set(claims_module.VERDICTS)
-    assert m["n_reproduced"] + m["n_differs"] + m["n_by_construction"] == m["n_claims"] >= 15
+    assert m["n_reproduced"] + m["n_differs"] + m["n_by_construction"] == m["n_claims"] >= 20
+    assert not any(v.endswith("not given") for v in pd.read_csv(smoke_outputs / "tables" / "claims.csv").verdict)  # every input present
     # smoke's Fig. 5 case (linear on the A72): paging every activation costs 1.7% of a step, so POET's 1% could fail, and held
     from poetlab.reproduction.cost_facts import paging_cost_table
     assert paging_cost_table("linear", ("a72",)).page_all_overhead.iloc[0] > 0.01

@@ -85,6 +85,30 @@ class TechniquesFrontierConfig:
     solver: str
 
 
+@dataclass(frozen=True)
+class TinyTrainingConfig:
+    """Tiny Training's peak memory: ``model`` (a torch model of :mod:`poetlab.torch.models`) under full
+    update and ``sparse_scheme`` (full, bias-only, sparse, last-K), each without and with reordering."""
+
+    model: str
+    sparse_scheme: str
+    batch_size: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class BitTrainConfig:
+    """BitTrain on a DigitsCNN (``width`` channels, ``depth`` conv blocks) trained on the digits with
+    SGD at ``lr``, measured after each of ``checkpoints`` steps."""
+
+    width: int
+    depth: int
+    batch_size: int
+    checkpoints: tuple[int, ...]
+    lr: float
+    seed: int
+
+
 class _Section:
     """Reads one stage's section and names the exact key in every error."""
 
@@ -280,6 +304,29 @@ def _techniques_frontier_config(s: _Section) -> TechniquesFrontierConfig:
     )
 
 
+def _tiny_training_config(s: _Section) -> TinyTrainingConfig:
+    from poetlab.torch.models import TORCH_MODELS
+
+    s.only("model", "sparse_scheme", "batch_size", "seed")
+    scheme = s.text("sparse_scheme")
+    if scheme not in ("full", "bias-only", "sparse") and not (scheme.startswith("last-") and scheme[5:].isdigit() and int(scheme[5:]) >= 1):
+        raise s.fail("sparse_scheme", f"is not a sparse-update scheme: {scheme!r}; valid: full, bias-only, sparse, last-K")
+    return TinyTrainingConfig(s.name("model", tuple(TORCH_MODELS), "torch model"), scheme,
+                              int(s.number("batch_size", 1, 4096, integer=True)), int(s.number("seed", 0, integer=True)))
+
+
+def _bittrain_config(s: _Section) -> BitTrainConfig:
+    s.only("width", "depth", "batch_size", "checkpoints", "lr", "seed")
+    checkpoints = s.grid("checkpoints", 0.0, 100_000.0)
+    if any(c != int(c) for c in checkpoints):
+        raise s.fail("checkpoints", "must be whole numbers of SGD steps")
+    return BitTrainConfig(
+        width=int(s.number("width", 1, 1024, integer=True)), depth=int(s.number("depth", 1, 64, integer=True)),
+        batch_size=int(s.number("batch_size", 1, 1797, integer=True)), checkpoints=tuple(sorted(int(c) for c in checkpoints)),
+        lr=float(s.number("lr", 1e-6, 10.0)), seed=int(s.number("seed", 0, integer=True)),
+    )
+
+
 STAGES: Mapping[str, Callable[[_Section], object]] = {
     "graphs": _graphs_config,
     "baselines": _baselines_config,
@@ -292,6 +339,8 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "claims": _claims_config,
     "report": _report_config,
     "techniques_frontier": _techniques_frontier_config,
+    "tiny_training": _tiny_training_config,
+    "bittrain": _bittrain_config,
 }
 assert set(MILP_VARIANTS) <= set(METHODS)
 
