@@ -3,6 +3,7 @@ and the smoke preset's notebooks executed for real with papermill, asserting on 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -91,10 +92,15 @@ def test_capuchin_table_metrics_and_figure():
     assert table.budget_fraction.tolist() == [1.0, 0.5, 0.0]
     assert table.capuchin_overhead.iloc[1] == pytest.approx(0.8) and pd.isna(table.capuchin_overhead.iloc[2])
     assert table.poet_mip_gap.tolist() == [0.0, 0.0, 0.001]
-    metrics = capuchin_metrics(data)
+    metrics = capuchin_metrics(data)["platforms"]["p"]
     assert metrics["poet"]["max_overhead"] == pytest.approx(0.004) and metrics["capuchin"]["n_feasible"] == 1
     fig = capuchin_figure(data)
     assert fig.axes[0].xaxis_inverted()  # tighter budgets to the right
+    plt.close(fig)
+    two = pd.concat([data, data.assign(platform="q")], ignore_index=True)
+    assert capuchin_table(two).platform.tolist() == ["p"] * 3 + ["q"] * 3
+    fig = capuchin_figure(two)
+    assert [ax.get_title() for ax in fig.axes] == ["m on p", "m on q"]  # one panel per platform
     plt.close(fig)
 
 
@@ -195,6 +201,11 @@ def test_a_check_that_cannot_fail_is_labelled_by_construction():
     assert verdicts(small_outputs(poet_tight=1.03, page_all=0.05))["fig5_poet_overhead"].startswith("differs: ")
     # POET above Capuchin (outside its gap) is not by construction
     assert verdicts(small_outputs(poet_tight=1.5, capuchin_tight=1.2))["fig5_poet_below_capuchin"].startswith("differs: ")
+    # two platforms: by construction on p (paging everything costs 0.2%), not on q (5%): the row can fail, and held
+    base = small_outputs(page_all=0.002)
+    two = dataclasses.replace(base, capuchin=pd.concat([base.capuchin, base.capuchin.assign(platform="q")], ignore_index=True),
+                              paging_costs=pd.concat([base.paging_costs, base.paging_costs.assign(platform="q", page_all_overhead=0.05)], ignore_index=True))
+    assert verdicts(two)["fig5_poet_overhead"] == "reproduced"
     metrics = claims_module.claims_metrics(claims_module.claims_table(small_outputs(page_all=0.002)))
     assert metrics["n_by_construction"] == 3 and metrics["n_reproduced"] + metrics["n_differs"] + 3 == metrics["n_claims"]
     assert metrics["verdicts"]["fig5_poet_overhead"] == "holds by construction"
@@ -288,7 +299,7 @@ def test_every_preset_has_valid_reproduction_params():
         ("fig4_runtime", "runtime_factors", [], "presets.smoke.fig4_runtime.runtime_factors is an empty grid"),
         ("fig4_runtime", "cases", [["linear", "nowhere"]], "presets.smoke.fig4_runtime.cases has unknown platform 'nowhere'"),
         ("fig4_runtime", "methods", ["poet", "dtr"], "presets.smoke.fig4_runtime.methods has unknown method 'dtr'"),
-        ("fig5_capuchin", "platform", "a99", "presets.smoke.fig5_capuchin.platform is an unknown platform 'a99'"),
+        ("fig5_capuchin", "platforms", ["a72", "a99"], "presets.smoke.fig5_capuchin.platforms has unknown platform 'a99'"),
         ("table3_pofo", "time_limit_s", 0, "presets.smoke.table3_pofo.time_limit_s must be a finite number >= 0.1"),
         ("fig3_frontier", "mip_gap", 0.9, "presets.smoke.fig3_frontier.mip_gap must be a finite number in [0, 0.5]"),
         ("table2_platforms", "platforms", ["m0", "m0"], "presets.smoke.table2_platforms.platforms lists a platform twice"),
@@ -374,8 +385,11 @@ def test_smoke_fig4_runtime(smoke_outputs):
 
 def test_smoke_fig5_capuchin(smoke_outputs):
     m = metrics(smoke_outputs, "fig5_capuchin")
-    assert m["poet"]["n_feasible"] == m["poet"]["n_budgets"] == 2
-    assert m["poet"]["max_overhead"] < 0.01  # the paper: under 1%
+    assert set(m["platforms"]) == {"a72", "m4"}
+    for platform in ("a72", "m4"):
+        poet = m["platforms"][platform]["poet"]
+        assert poet["n_feasible"] == poet["n_budgets"] == 2
+    assert m["platforms"]["a72"]["poet"]["max_overhead"] < 0.01  # the paper: under 1%
 
 
 def test_smoke_table3_pofo(smoke_outputs):
@@ -426,7 +440,7 @@ def test_smoke_claims_and_report(smoke_outputs):
     # smoke's Fig. 5 case (linear on the A72): paging every activation costs 1.7% of a step, so POET's 1% could fail, and held
     from poetlab.reproduction.cost_facts import paging_cost_table
     assert paging_cost_table("linear", ("a72",)).page_all_overhead.iloc[0] > 0.01
-    assert m["verdicts"]["fig5_poet_overhead"] == "reproduced"
+    assert m["verdicts"]["fig5_poet_overhead"] in ("reproduced", "differs")  # on the M4 it may exceed 1%: the check can fail
     assert m["verdicts"]["fig3_frontier"] == m["verdicts"]["fig5_poet_below_capuchin"] == "holds by construction"
     report = (smoke_outputs / "report.md").read_text()
     assert "## The paper's claims" in report

@@ -204,12 +204,17 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
     )
 
 
-def _pair_config(s: _Section, methods: Sequence[str]) -> SweepConfig:
-    """One (model, platform), a ladder of memory budgets, POET and one baseline."""
-    s.only("model", "platform", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "batch_size")
-    case = (s.name("model", tuple(PAPER_MODELS), "model"), s.name("platform", available_platforms(), "platform"))
+def _pair_config(s: _Section, methods: Sequence[str], platforms: str = "platform") -> SweepConfig:
+    """One model on one platform (``platforms="platform"``) or on a list of them (``"platforms"``), a
+    ladder of memory budgets, POET and one baseline."""
+    s.only("model", platforms, "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "batch_size")
+    model = s.name("model", tuple(PAPER_MODELS), "model")
+    if platforms == "platform":
+        cases = ((model, s.name("platform", available_platforms(), "platform")),)
+    else:
+        cases = tuple((model, p) for p in s.names("platforms", available_platforms(), "platform"))
     return SweepConfig(
-        cases=(case,), fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
+        cases=cases, fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
         methods=tuple(methods), time_limit_s=float(s.number("time_limit_s", 0.1)),
         threads=int(s.number("threads", 1, 64, integer=True)), batch_size=int(s.number("batch_size", 1, integer=True)),
         mip_gap=_mip_gap(s),
@@ -333,7 +338,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
-    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin")),
+    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin"), "platforms"),
     "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo")),
     "feasibility": _feasibility_config,
     "claims": _claims_config,
