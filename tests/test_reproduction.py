@@ -379,8 +379,23 @@ def test_smoke_fig3_frontier(smoke_outputs):
 
 def test_smoke_fig4_runtime(smoke_outputs):
     m = metrics(smoke_outputs, "fig4_runtime")
-    assert m["n_runtime_budgets"] == 2 and m["poet_at_or_below_both"] == 2
-    assert m["n_feasible"]["poet"] == 2 and m["n_feasible"]["paging_only"] == 2
+    threshold = m["remat_thresholds"]["linear/m0"]["factor"]
+    assert threshold > 1.001  # at 10% of the way from the footprint, remat only must recompute
+    n = 4  # 1.0 and 2.0, and two points in the window (1, threshold]: the middle, and just above it
+    assert m["n_runtime_budgets"] == m["poet_at_or_below_both"] == m["n_feasible"]["poet"] == m["n_feasible"]["paging_only"] == n
+    rows = pd.read_csv(smoke_outputs / "results" / "fig4_runtime.csv")
+    remat = rows[rows.method == "checkmate"].set_index("runtime_budget_factor").feasible
+    middle = round(1 + 0.5 * (threshold - 1), 6)
+    assert not remat[middle] and remat[2.0]  # below the threshold remat only has no schedule; POET still has one
+
+
+def test_window_factors():
+    from poetlab.reproduction.fig4_runtime import window_factors
+
+    config = SweepConfig(cases=(("linear", "m0"),), fractions=(0.3,), runtime_factors=(1.0, 2.0), methods=("poet",), time_limit_s=1.0,
+                         threads=1, batch_size=1, remat_window_points=(0.5, 1.02))
+    assert window_factors(config, 1.1) == (1.0, 1.05, 1.102, 2.0)
+    assert window_factors(config, 1.0) == window_factors(config, None) == window_factors(config, float("nan")) == (1.0, 2.0)
 
 
 def test_smoke_fig5_capuchin(smoke_outputs):

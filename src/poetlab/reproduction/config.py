@@ -41,6 +41,9 @@ class SweepConfig:
     batch_size: int
     workers: int = 1
     mip_gap: float = 1e-4  # a MILP solve within it of its bound is certified optimal
+    #: Fig. 4 only: runtime factors sampled in each case's window (1, t), t the smallest factor at which
+    #: remat only is feasible, as 1 + p (t - 1) for each p (p > 1: just above t)
+    remat_window_points: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,7 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
         factors = (float(s.number("runtime_factor", 1.0)),)
         chosen = tuple(methods)
     else:
-        s.only("cases", "fraction", "methods", *common)
+        s.only("cases", "fraction", "methods", "remat_window_points", *common)
         cases = _cases(s, "cases")
         fractions = (float(s.number("fraction", 0.0, 1.0)),)
         factors = s.grid("runtime_factors", 1.0)
@@ -201,6 +204,7 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
         time_limit_s=float(s.number("time_limit_s", 0.1)), threads=int(s.number("threads", 1, 64, integer=True)),
         batch_size=int(s.number("batch_size", 1, integer=True)), workers=int(s.number("workers", 1, 64, integer=True)),
         mip_gap=_mip_gap(s),
+        remat_window_points=s.grid("remat_window_points", 0.0, 10.0) if "remat_window_points" in s.values else (),
     )
 
 
