@@ -375,6 +375,9 @@ def test_smoke_fig3_frontier(smoke_outputs):
     assert 0 <= m["max_energy_overhead"] < 0.05
     for suffix in ("png", "pdf"):
         assert (smoke_outputs / "figures" / f"fig3_frontier.{suffix}").stat().st_size > 1000
+    for name in ("fig3_frontier", "fig4_runtime", "fig5_capuchin"):  # each executed notebook shows its figure, not a list of paths
+        cells = json.loads((smoke_outputs / f"{name}.ipynb").read_text())["cells"]
+        assert any("image/png" in out.get("data", {}) for cell in cells for out in cell.get("outputs", [])), name
 
 
 def test_smoke_fig4_runtime(smoke_outputs):
@@ -387,6 +390,23 @@ def test_smoke_fig4_runtime(smoke_outputs):
     remat = rows[rows.method == "checkmate"].set_index("runtime_budget_factor").feasible
     middle = round(1 + 0.5 * (threshold - 1), 6)
     assert not remat[middle] and remat[2.0]  # below the threshold remat only has no schedule; POET still has one
+
+
+def test_time_limited_points_are_ringed():
+    from poetlab.reproduction.plotting import TIME_LIMITED_LABEL
+
+    def ringed(fig) -> int:
+        n = sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections if c.get_label() == TIME_LIMITED_LABEL)
+        plt.close(fig)
+        return n
+
+    frontier = rows(row(fraction=1.0, peak=100), row(fraction=0.5, energy=1.01, peak=70, status="time_limit", gap=0.02), row(fraction=0.0, energy=1.05, peak=50))
+    assert ringed(frontier_figure(frontier)) == 1
+    assert ringed(frontier_figure(frontier.assign(status="optimal"))) == 0
+    runtime = rows(row("poet", 0.2, 1.0, factor=1.0, status="time_limit"), row("checkmate", 0.2, 1.1, factor=1.0), row("paging_only", 0.2, 1.05, factor=1.0))
+    assert ringed(runtime_figure(runtime)) == 1
+    capuchin = rows(row("poet", 1.0), row("capuchin", 1.0), row("poet", 0.5, 1.001, status="time_limit"), row("capuchin", 0.5, 1.8))
+    assert ringed(capuchin_figure(capuchin)) == 1
 
 
 def test_window_factors():

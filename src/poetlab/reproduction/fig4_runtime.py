@@ -14,7 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 from poetlab.reproduction.config import SweepConfig
-from poetlab.reproduction.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE, mark_time_limited
 
 #: the runtime factor of the remat-only solve that finds the threshold: loose enough never to bind
 LOOSE_RUNTIME_FACTOR = 100.0
@@ -69,14 +69,17 @@ def runtime_figure(rows: pd.DataFrame) -> plt.Figure:
         for method in [m for m in LABELS if m in set(rows.method)]:
             line = case[case.method == method]
             ax.plot(line.runtime_budget_factor, line.energy_j, color=colors[method], label=LABELS[method], **STYLES[method])
+        mark_time_limited(ax, case, case.runtime_budget_factor, case.energy_j)
         if len(case):
             plain = float((case.energy_j / (1 + case.energy_overhead)).iloc[0])
             ax.axhline(plain, color="grey", ls="--", lw=1, label="one plain step (lower bound)")
         ax.set_title(f"{model} / {platform}")
         ax.set_xlabel("runtime budget (x one plain step)")
     axes[0][0].set_ylabel("energy of one training step (J)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", frameon=False, fontsize=8)
+    legend = {}
+    for ax in axes[0]:
+        legend.update({label: handle for handle, label in zip(*ax.get_legend_handles_labels(), strict=True) if label not in legend})
+    fig.legend(list(legend.values()), list(legend), loc="center right", frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1 - 2.6 / width, 1))
     return fig
 

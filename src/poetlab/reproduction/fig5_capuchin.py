@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.reproduction.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE, mark_time_limited
 
 PAPER_CAPUCHIN_OVERHEAD = (0.73, 1.41)
 PAPER_POET_OVERHEAD_BELOW = 0.01
@@ -28,6 +28,7 @@ def capuchin_figure(rows: pd.DataFrame) -> plt.Figure:
         panel = data[data.platform == platform]
         ax.axhspan(100 * PAPER_CAPUCHIN_OVERHEAD[0], 100 * PAPER_CAPUCHIN_OVERHEAD[1], color="grey", alpha=0.15, lw=0, label="Capuchin in the paper (A72)")
         sns.lineplot(data=panel, x="budget_mb", y="overhead_pct", hue="method", style="method", markers=True, dashes=False, ax=ax)
+        mark_time_limited(ax, panel, panel.budget_mb, panel.overhead_pct)
         ax.set_yscale("symlog", linthresh=0.01)
         ax.set_ylim(0, max(250.0, 1.2 * (panel.overhead_pct.max() if len(panel) else 0)))
         ax.invert_xaxis()
