@@ -298,3 +298,22 @@ def test_graphs_that_are_not_chains_of_blocks_are_refused():
     for method, planner in PLANNERS.items():
         with pytest.raises(CannotMeetBudget, match=rf"^{method}: not a chain of blocks \(.*gradient"):
             planner(odd, costs, Budgets(1e9))
+
+
+def test_pofo_has_no_memory_grid_artefact_at_the_smallest_footprint():
+    """VGG-16 (ImageNet) at its smallest footprint: the DP's grid is coarse (slots of 21,427 bytes, sizes
+    rounded up), so on the budget's own slots it finds nothing; one slot of slack finds a plan whose
+    replayed peak is within the true budget in bytes."""
+    from poetlab.planners.baselines.revolve import planning_chain
+
+    graph = build_paper_graph("vgg16")
+    costs = CostModel.from_flops(graph, load_platform("jetsontx2"))
+    footprint, _ = min_footprint_bytes(graph)
+    budgets = Budgets(footprint, 2.0)
+    slots = pofo.memory_slots(graph, planning_chain("pofo", graph, budgets), footprint)
+    assert slots.unit > math.gcd(*(int(b) for b in graph.output_bytes))  # a coarse grid
+    with pytest.raises(CannotMeetBudget):
+        pofo._solve_on_grid(graph, costs, budgets, planning_chain("pofo", graph, budgets), slots)
+    found = pofo.solve_pofo(graph, costs, budgets)
+    assert found.slots.budget > slots.budget and found.simulation.peak_ram_bytes <= footprint
+    assert simulate(found.schedule, graph, costs, ram_budget_bytes=footprint).energy_j == found.simulation.energy_j

@@ -12,7 +12,9 @@ energy (recomputation energy plus page-in and page-out energy) instead of makesp
 not count, as in the POET release, whose runtime budget counts compute only (POFO's "transfers overlap
 compute", taken to the limit); memory is discretised into slots of the gcd of the tensor sizes, which
 is exact, unless the tables would then exceed ``MAX_CELLS``, when slots are coarser and every size is
-rounded up (safe, possibly above the optimum); and a runtime budget is met by a Lagrangian sweep
+rounded up (safe, possibly above the optimum; where that grid finds no plan, a few slots of slack are
+added, ``SLACK_SLOTS``, and the first plan that replays within the true budget in bytes is kept, so the
+rounding does not turn a budget POFO can meet into "no schedule"); and a runtime budget is met by a Lagrangian sweep
 (recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
 that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
 :func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
@@ -305,14 +307,40 @@ class PofoResult:
     slots: Slots
 
 
+#: Slots added to a coarse grid's budget, one after the other, when the DP finds no plan: each size is
+#: rounded up to whole slots, so a plan whose true peak fits the budget can need a few slots more than
+#: the budget holds. Every plan is replayed against the true budget in bytes, so the slack never lets
+#: a schedule above the budget through.
+SLACK_SLOTS = (1, 2, 4, 8, 16)
+
+
 def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> PofoResult:
     """Run the DP and replay its schedule; with a runtime budget that the energy-optimal plan breaks,
     sweep the runtime weight (``LAMBDAS``, then ``BISECTIONS`` halvings between the last weight that
-    breaks it and the first that meets it) and keep the cheapest plan that meets it. Raise
-    :class:`CannotMeetBudget` when nothing fits."""
+    breaks it and the first that meets it) and keep the cheapest plan that meets it. On a coarse memory
+    grid (slots larger than the gcd of the sizes) that finds nothing, retry with ``SLACK_SLOTS`` more
+    slots, keeping the first plan that replays within the true budget. Raise :class:`CannotMeetBudget`
+    when nothing fits."""
     chain = planning_chain("pofo", graph, budgets)
     # no schedule holds more than every tensor at once: a larger budget only coarsens the slots
     slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
+    exact = slots.unit == max(1, reduce(math.gcd, (int(b) for b in graph.output_bytes), 0))
+    try:
+        return _solve_on_grid(graph, costs, budgets, chain, slots)
+    except CannotMeetBudget as exc:
+        if exact:
+            raise
+        first = exc
+    for extra in SLACK_SLOTS:
+        try:
+            return _solve_on_grid(graph, costs, budgets, chain, Slots(slots.unit, slots.budget + extra))
+        except CannotMeetBudget:
+            continue
+    raise first
+
+
+def _solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chain: BlockChain, slots: Slots) -> PofoResult:
+    """:func:`solve_pofo` on one memory grid."""
     runtime_s = budgets.runtime_s(costs)
     scale = costs.plain_step_energy_j / costs.plain_step_runtime_s if costs.plain_step_runtime_s > 0 else 0.0
 
@@ -328,6 +356,8 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Pofo
         try:
             sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=runtime_s)
         except InvalidScheduleError as exc:
+            if simulate(schedule, graph, costs).peak_ram_bytes > budgets.ram_bytes:  # a slack grid's plan above the true budget
+                raise CannotMeetBudget(f"pofo: the chain DP's plan on this grid exceeds {int(budgets.ram_bytes):,} bytes") from exc
             return exc.reason
         return PofoResult(schedule, sim, float(dp.top[0][slots.budget]), lam * scale, slots)
 
