@@ -343,7 +343,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
     "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin"), "platforms"),
-    "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo")),
+    "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo_time")),
     "feasibility": _feasibility_config,
     "claims": _claims_config,
     "report": _report_config,
