@@ -34,7 +34,7 @@ def test_graph_text_and_output_file(run_cli, tmp_path):
 @pytest.mark.parametrize(
     "args,expected",
     [
-        (("--model", "bogus", "--platform", "a72"), "unknown model 'bogus'; valid models: bert, bert_base_torch, bert_small_torch, linear, mobilenetv2_torch, resnet18, resnet18_cifar, resnet18_cifar_torch, resnet18_torch, resnet50, transformer, vgg16, vgg16_cifar, vgg16_cifar_torch, vgg16_torch"),
+        (("--model", "bogus", "--platform", "a72"), "unknown model 'bogus'; valid models: bert, bert_base_torch, bert_seq8, bert_small_torch, linear, mobilenetv2_torch, resnet18, resnet18_cifar, resnet18_cifar_torch, resnet18_torch, resnet50, transformer, vgg16, vgg16_cifar, vgg16_cifar_torch, vgg16_torch"),
         (("--model", "linear", "--platform", "bogus"), "unknown platform 'bogus'; valid platforms: a72, a72nocache, jetsontx2, m0, m4"),
         (("--model", "linear", "--platform", "m0", "--batch-size", "-3"), "expected a positive integer"),
         (("--model", "bert", "--platform", "m0", "--batch-size", "2"), "use batch size 1"),

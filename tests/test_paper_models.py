@@ -88,7 +88,7 @@ def test_batch_size_scales_activations():
 
 
 def test_bad_model_and_batch():
-    with pytest.raises(UnknownNameError, match="valid models: bert, linear"):
+    with pytest.raises(UnknownNameError, match="valid models: bert, bert_seq8, linear"):
         build_paper_graph("bogus")
     with pytest.raises(InvalidArgumentError, match="positive integer"):
         build_paper_graph("linear", batch_size=0)

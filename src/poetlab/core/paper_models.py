@@ -275,6 +275,8 @@ PAPER_MODELS = MappingProxyType(
         "resnet50": PaperModel("ResNet-50, ImageNet 3x224x224, 1000 classes", _resnet50),
         "bert": PaperModel("BERT-base: 12 blocks, seq 512, hidden 768, 12 heads of 64", lambda b: _bert(12), batched=False),
         "transformer": PaperModel("one BERT-base block, seq 512, hidden 768", lambda b: _bert(1), batched=False),
+        # a short sequence: the longest power of two whose smallest footprint (245,760 B) fits the nRF52840's 256 KiB
+        "bert_seq8": PaperModel("BERT-base: 12 blocks, seq 8, hidden 768, 12 heads of 64", lambda b: _bert(12, seq=8), batched=False),
     }
 )
 

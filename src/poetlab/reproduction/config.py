@@ -43,6 +43,9 @@ class SweepConfig:
     batch_size: int
     workers: int = 1
     mip_gap: float = 1e-4  # a MILP solve within it of its bound is certified optimal
+    #: Fig. 4 only: runtime factors sampled in each case's window (1, t), t the smallest factor at which
+    #: remat only is feasible, as 1 + p (t - 1) for each p (p > 1: just above t)
+    remat_window_points: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,30 @@ class UserModelsConfig:
     mip_gap: float
     threads: int
     solver: str
+
+
+@dataclass(frozen=True)
+class TinyTrainingConfig:
+    """Tiny Training's peak memory: ``model`` (a torch model of :mod:`poetlab.torch.models`) under full
+    update and ``sparse_scheme`` (full, bias-only, sparse, last-K), each without and with reordering."""
+
+    model: str
+    sparse_scheme: str
+    batch_size: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class BitTrainConfig:
+    """BitTrain on a DigitsCNN (``width`` channels, ``depth`` conv blocks) trained on the digits with
+    SGD at ``lr``, measured after each of ``checkpoints`` steps."""
+
+    width: int
+    depth: int
+    batch_size: int
+    checkpoints: tuple[int, ...]
+    lr: float
+    seed: int
 
 
 class _Section:
@@ -186,7 +213,7 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
         factors = (float(s.number("runtime_factor", 1.0)),)
         chosen = tuple(methods)
     else:
-        s.only("cases", "fraction", "methods", *common)
+        s.only("cases", "fraction", "methods", "remat_window_points", *common)
         cases = _cases(s, "cases")
         fractions = (float(s.number("fraction", 0.0, 1.0)),)
         factors = s.grid("runtime_factors", 1.0)
@@ -196,15 +223,21 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
         time_limit_s=float(s.number("time_limit_s", 0.1)), threads=int(s.number("threads", 1, 64, integer=True)),
         batch_size=int(s.number("batch_size", 1, integer=True)), workers=int(s.number("workers", 1, 64, integer=True)),
         mip_gap=_mip_gap(s),
+        remat_window_points=s.grid("remat_window_points", 0.0, 10.0) if "remat_window_points" in s.values else (),
     )
 
 
-def _pair_config(s: _Section, methods: Sequence[str]) -> SweepConfig:
-    """One (model, platform), a ladder of memory budgets, POET and one baseline."""
-    s.only("model", "platform", "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "batch_size")
-    case = (s.name("model", tuple(PAPER_MODELS), "model"), s.name("platform", available_platforms(), "platform"))
+def _pair_config(s: _Section, methods: Sequence[str], platforms: str = "platform") -> SweepConfig:
+    """One model on one platform (``platforms="platform"``) or on a list of them (``"platforms"``), a
+    ladder of memory budgets, POET and one baseline."""
+    s.only("model", platforms, "fractions", "runtime_factor", "time_limit_s", "mip_gap", "threads", "batch_size")
+    model = s.name("model", tuple(PAPER_MODELS), "model")
+    if platforms == "platform":
+        cases = ((model, s.name("platform", available_platforms(), "platform")),)
+    else:
+        cases = tuple((model, p) for p in s.names("platforms", available_platforms(), "platform"))
     return SweepConfig(
-        cases=(case,), fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
+        cases=cases, fractions=s.grid("fractions", 0.0, 1.0), runtime_factors=(float(s.number("runtime_factor", 1.0)),),
         methods=tuple(methods), time_limit_s=float(s.number("time_limit_s", 0.1)),
         threads=int(s.number("threads", 1, 64, integer=True)), batch_size=int(s.number("batch_size", 1, integer=True)),
         mip_gap=_mip_gap(s),
@@ -324,19 +357,44 @@ def _user_models_config(s: _Section) -> UserModelsConfig:
     )
 
 
+def _tiny_training_config(s: _Section) -> TinyTrainingConfig:
+    from poetlab.torch.models import TORCH_MODELS
+
+    s.only("model", "sparse_scheme", "batch_size", "seed")
+    scheme = s.text("sparse_scheme")
+    if scheme not in ("full", "bias-only", "sparse") and not (scheme.startswith("last-") and scheme[5:].isdigit() and int(scheme[5:]) >= 1):
+        raise s.fail("sparse_scheme", f"is not a sparse-update scheme: {scheme!r}; valid: full, bias-only, sparse, last-K")
+    return TinyTrainingConfig(s.name("model", tuple(TORCH_MODELS), "torch model"), scheme,
+                              int(s.number("batch_size", 1, 4096, integer=True)), int(s.number("seed", 0, integer=True)))
+
+
+def _bittrain_config(s: _Section) -> BitTrainConfig:
+    s.only("width", "depth", "batch_size", "checkpoints", "lr", "seed")
+    checkpoints = s.grid("checkpoints", 0.0, 100_000.0)
+    if any(c != int(c) for c in checkpoints):
+        raise s.fail("checkpoints", "must be whole numbers of SGD steps")
+    return BitTrainConfig(
+        width=int(s.number("width", 1, 1024, integer=True)), depth=int(s.number("depth", 1, 64, integer=True)),
+        batch_size=int(s.number("batch_size", 1, 1797, integer=True)), checkpoints=tuple(sorted(int(c) for c in checkpoints)),
+        lr=float(s.number("lr", 1e-6, 10.0)), seed=int(s.number("seed", 0, integer=True)),
+    )
+
+
 STAGES: Mapping[str, Callable[[_Section], object]] = {
     "graphs": _graphs_config,
     "baselines": _baselines_config,
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
-    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin")),
-    "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo")),
+    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin"), "platforms"),
+    "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo_time")),
     "feasibility": _feasibility_config,
     "claims": _claims_config,
     "report": _report_config,
     "techniques_frontier": _techniques_frontier_config,
     "user_models": _user_models_config,
+    "tiny_training": _tiny_training_config,
+    "bittrain": _bittrain_config,
 }
 assert set(MILP_VARIANTS) <= set(METHODS)
 

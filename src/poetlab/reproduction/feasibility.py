@@ -8,12 +8,16 @@
 - Train vs inference: training with every activation kept (checkpoint-all's peak) against inference, a
   forward pass that frees each activation after its last forward reader. The paper: over 200x for
   ResNet-50. Both are given for activations only (parameters outside, as in the release's budget) and
-  with parameters (inference: weights; training: weights and their gradients).
+  with parameters (inference: weights; training: weights and their gradients). The paper's ratio has a
+  second reading, a training batch against single-image inference: ``batch_for_ratio`` is the smallest
+  batch at which checkpoint-all's activations exceed 200x a single image's inference peak.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -21,7 +25,7 @@ import pandas as pd
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.planners.heuristics import greedy_paging_schedule
-from poetlab.core.paper_models import build_paper_graph
+from poetlab.core.paper_models import PAPER_MODELS, build_paper_graph
 from poetlab.core.platforms import Platform
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
@@ -49,6 +53,28 @@ def inference_peak_bytes(graph: TrainingGraph) -> int:
     return peak
 
 
+def crossing_batch(model: str, ratio: float = PAPER_TRAIN_INFERENCE_RATIO, max_batch: int = 4096) -> int | None:
+    """The smallest batch at which training ``model`` (checkpoint-all's activations) needs over ``ratio``
+    times the activation memory of single-image inference; None above ``max_batch``. Training memory
+    grows about linearly with the batch, so the search starts at ratio / (the batch-1 ratio) and steps.
+    None also for a model without a batch dimension in the release (BERT: one sequence)."""
+    if not PAPER_MODELS[model].batched:
+        return None
+    inference = inference_peak_bytes(build_paper_graph(model, 1))
+
+    def above(batch: int) -> bool:
+        return _checkpoint_all_peak(build_paper_graph(model, batch)) > ratio * inference
+
+    batch = min(max_batch, max(1, math.ceil(ratio * inference / _checkpoint_all_peak(build_paper_graph(model, 1)))))
+    while not above(batch):
+        if batch >= max_batch:
+            return None
+        batch += 1
+    while batch > 1 and above(batch - 1):
+        batch -= 1
+    return batch
+
+
 def memory_ratio_table(models: Sequence[str], batch_size: int = 1) -> pd.DataFrame:
     rows = []
     for model in models:
@@ -62,8 +88,9 @@ def memory_ratio_table(models: Sequence[str], batch_size: int = 1) -> pd.DataFra
             "train_vs_inference": train / inference,
             "param_bytes": params,
             "train_vs_inference_with_params": (train + 2 * params) / (inference + params),
+            "batch_for_ratio": crossing_batch(model),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({"batch_for_ratio": "Int64"})
 
 
 def _checkpoint_all_peak(graph: TrainingGraph) -> int:

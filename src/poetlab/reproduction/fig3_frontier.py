@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.reproduction.plotting import STYLE
+from poetlab.reproduction.plotting import STYLE, mark_time_limited
 
 
 def frontier_figure(rows: pd.DataFrame, ram_bytes: Mapping[str, float | None] | None = None, platforms: Sequence[str] | None = None) -> plt.Figure:
@@ -29,6 +29,7 @@ def frontier_figure(rows: pd.DataFrame, ram_bytes: Mapping[str, float | None] | 
             line = panel[panel.model == model]
             if len(line):
                 ax.plot(line.peak_ram_bytes / 1e6, line.energy_j, marker="o", ms=4, lw=1.2, color=palette[model], label=model)
+        mark_time_limited(ax, panel, panel.peak_ram_bytes / 1e6, panel.energy_j)
         ram = (ram_bytes or {}).get(platform)
         if ram:
             ax.axvline(ram / 1e6, color="grey", ls=":", lw=1)
@@ -39,7 +40,7 @@ def frontier_figure(rows: pd.DataFrame, ram_bytes: Mapping[str, float | None] | 
         ax.set_xlabel("peak memory (MB)")
     axes[0][0].set_ylabel("energy of one training step (J)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:
+    for ax in axes[0][1:]:  # every model's line and the time-limit ring, whichever panel has them
         more = ax.get_legend_handles_labels()
         for h, lab in zip(*more, strict=True):
             if lab not in labels:

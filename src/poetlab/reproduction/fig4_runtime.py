@@ -2,7 +2,10 @@
 paging together), remat only (Checkmate's MILP) and paging only, at one memory budget.
 
 Paging time is not counted in the runtime budget (the release's rule), so paging only is the same at
-every runtime budget; remat only needs a looser runtime budget as memory gets tighter."""
+every runtime budget; remat only needs a looser runtime budget as memory gets tighter. Integration can
+only win where remat only is infeasible or dear: between 1.0 and each case's remat threshold, the
+smallest runtime factor at which remat only has a schedule (:func:`remat_threshold`), so the stage samples
+that window in every case (:func:`window_factors`)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,39 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from poetlab.reproduction.plotting import STYLE
+from poetlab.reproduction.config import SweepConfig
+from poetlab.reproduction.plotting import STYLE, mark_time_limited
+
+#: the runtime factor of the remat-only solve that finds the threshold: loose enough never to bind
+LOOSE_RUNTIME_FACTOR = 100.0
+
+
+def remat_threshold(model: str, platform: str, config: SweepConfig) -> dict[str, object]:
+    """The smallest runtime factor at which remat only (Checkmate's MILP) has a schedule at the stage's
+    memory budget: remat only's minimum energy with a runtime budget that never binds, as a factor of one
+    plain step's runtime (on the flop cost model a node's energy and time are both proportional to its
+    flops, so the minimum-energy remat schedule is also the fastest). A solve stopped at its time limit
+    gives an upper bound (``status``, ``mip_gap``); None: remat only cannot meet the memory budget."""
+    from poetlab.core.costs import CostModel
+    from poetlab.core.paper_models import build_paper_graph
+    from poetlab.core.platforms import load_platform
+    from poetlab.planners.baselines import PlanOptions
+    from poetlab.planners.comparison import compare_methods
+
+    graph = build_paper_graph(model, config.batch_size)
+    costs = CostModel.from_flops(graph, load_platform(platform))
+    options = PlanOptions(time_limit_s=config.time_limit_s, threads=config.threads, mip_gap=config.mip_gap)
+    (row,) = compare_methods(graph, costs, config.fractions, LOOSE_RUNTIME_FACTOR, ("checkmate",), options)
+    factor = float(row.runtime_s / costs.plain_step_runtime_s) if row.feasible else None
+    return {"model": model, "platform": platform, "remat_threshold": factor, "status": row.status, "mip_gap": row.mip_gap}
+
+
+def window_factors(config: SweepConfig, threshold: float | None) -> tuple[float, ...]:
+    """The stage's runtime factors plus, where remat only has a threshold t above 1, the points
+    1 + p (t - 1) of ``config.remat_window_points`` (rounded to 1e-6)."""
+    extra = [] if threshold is None or not threshold > 1.0 + 1e-9 else [round(1 + p * (threshold - 1), 6) for p in config.remat_window_points]
+    return tuple(sorted(set(config.runtime_factors) | set(extra)))
+
 
 LABELS = {"poet": "POET (integrated)", "checkmate": "remat only", "paging_only": "paging only"}
 
@@ -34,14 +69,17 @@ def runtime_figure(rows: pd.DataFrame) -> plt.Figure:
         for method in [m for m in LABELS if m in set(rows.method)]:
             line = case[case.method == method]
             ax.plot(line.runtime_budget_factor, line.energy_j, color=colors[method], label=LABELS[method], **STYLES[method])
+        mark_time_limited(ax, case, case.runtime_budget_factor, case.energy_j)
         if len(case):
             plain = float((case.energy_j / (1 + case.energy_overhead)).iloc[0])
             ax.axhline(plain, color="grey", ls="--", lw=1, label="one plain step (lower bound)")
         ax.set_title(f"{model} / {platform}")
         ax.set_xlabel("runtime budget (x one plain step)")
     axes[0][0].set_ylabel("energy of one training step (J)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", frameon=False, fontsize=8)
+    legend = {}
+    for ax in axes[0]:
+        legend.update({label: handle for handle, label in zip(*ax.get_legend_handles_labels(), strict=True) if label not in legend})
+    fig.legend(list(legend.values()), list(legend), loc="center right", frameon=False, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1 - 2.6 / width, 1))
     return fig
 
@@ -71,7 +109,8 @@ def runtime_comparison(rows: pd.DataFrame, gap_tolerance: float = 0.0) -> pd.Dat
     return pd.DataFrame(out)
 
 
-def runtime_metrics(rows: pd.DataFrame, gap_tolerance: float = 0.0) -> dict[str, object]:
+def runtime_metrics(rows: pd.DataFrame, gap_tolerance: float = 0.0, thresholds: pd.DataFrame | None = None) -> dict[str, object]:
+    """Counts over the runtime budgets; ``thresholds`` (rows of :func:`remat_threshold`) are reported per case."""
     table = runtime_comparison(rows, gap_tolerance)
     feasible = rows[rows.feasible].groupby("method").size().to_dict()
     return {
@@ -80,4 +119,7 @@ def runtime_metrics(rows: pd.DataFrame, gap_tolerance: float = 0.0) -> dict[str,
         "poet_at_or_below_both": int(table.poet_at_or_below_both.sum()),
         "n_feasible": {m: int(feasible.get(m, 0)) for m in LABELS if m in set(rows.method)},
         "max_poet_saving_vs_best_other": None if table.poet_saving_vs_best_other.isna().all() else float(table.poet_saving_vs_best_other.max()),
+        "remat_thresholds": {} if thresholds is None else {
+            f"{r.model}/{r.platform}": {"factor": None if pd.isna(r.remat_threshold) else float(r.remat_threshold), "status": r.status,
+                                        "mip_gap": None if pd.isna(r.mip_gap) else float(r.mip_gap)} for r in thresholds.itertuples()},
     }

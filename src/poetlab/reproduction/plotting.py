@@ -45,6 +45,19 @@ def schedule_figure(schedule: Schedule, simulation: SimulationResult, ram_budget
     return fig
 
 
+#: the legend label of the ring drawn around a MILP point that stopped at its time limit
+TIME_LIMITED_LABEL = "stopped at the time limit (not certified; gap in the table)"
+
+
+def mark_time_limited(ax: plt.Axes, rows: pd.DataFrame, x: pd.Series, y: pd.Series) -> None:
+    """Ring each point of ``rows`` whose solve stopped at its time limit (``status == "time_limit"``):
+    such a point is the best schedule found, not POET's optimum. ``x`` and ``y`` are the plotted
+    coordinates of ``rows`` (same index)."""
+    stopped = rows.index[(rows.status == "time_limit").to_numpy()]
+    if len(stopped):
+        ax.scatter(x.loc[stopped], y.loc[stopped], s=110, facecolors="none", edgecolors="crimson", linewidths=1.4, zorder=5, label=TIME_LIMITED_LABEL)
+
+
 def save_figure(fig: plt.Figure, path: str | os.PathLike[str]) -> Path:
     """Save with reproducible bytes (no timestamps in PDF or SVG metadata), then close the figure."""
     try:

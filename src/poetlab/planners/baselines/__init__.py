@@ -30,6 +30,7 @@ BASELINES: MappingProxyType[str, Planner] = MappingProxyType(
         "chen_greedy_linearized": chen.plan_greedy_linearized,
         "revolve": revolve.plan,
         "pofo": pofo.plan,
+        "pofo_time": pofo.plan_time,
         "capuchin": capuchin.plan,
         "dtr": dtr.plan,
     }

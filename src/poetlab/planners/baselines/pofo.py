@@ -2,6 +2,13 @@
 Training DNNs" (NeurIPS 2021): POFO, a dynamic program over a chain that decides, for every activation,
 whether to keep it, recompute it or offload it, with the transfers overlapping the computations.
 
+Two objectives (``solve_pofo(..., objective=...)``): ``time``, POFO as published (method ``pofo_time``:
+the step time, a recomputation costing its runtime and a page its transfer time at the platform's
+latency and bandwidth; a paged-out tensor holds its memory until the page-out ends, since its free
+follows the transfer in the schedule), and ``energy``, the kit's adaptation (method ``pofo``, described
+below). POFO's overlap of transfers with computation is not modelled: the simulator has one stream, so
+a transfer's time adds to the step's, for POFO and POET alike.
+
 Reproduced: their dynamic program over a chain (the rotor/revolve recursion "advance from the left
 state to a split point, reverse the right part, then the left part", over every split point and a
 discretised memory budget), extended as POFO extends it by offloading: while the right part runs, the
@@ -12,7 +19,9 @@ energy (recomputation energy plus page-in and page-out energy) instead of makesp
 not count, as in the POET release, whose runtime budget counts compute only (POFO's "transfers overlap
 compute", taken to the limit); memory is discretised into slots of the gcd of the tensor sizes, which
 is exact, unless the tables would then exceed ``MAX_CELLS``, when slots are coarser and every size is
-rounded up (safe, possibly above the optimum); and a runtime budget is met by a Lagrangian sweep
+rounded up (safe, possibly above the optimum; where that grid finds no plan, a few slots of slack are
+added, ``SLACK_SLOTS``, and the first plan that replays within the true budget in bytes is kept, so the
+rounding does not turn a budget POFO can meet into "no schedule"); and a runtime budget is met by a Lagrangian sweep
 (recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
 that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
 :func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
@@ -124,10 +133,15 @@ class _Pieces:
     pageout: np.ndarray  # energy of paging state j out
 
 
-def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Slots, weight: float) -> _Pieces:
+def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Slots, weight: float, objective: str = "energy") -> _Pieces:
+    """``objective``: ``energy`` (joules) or ``time`` (seconds: a recomputation costs its runtime, a page
+    its transfer time, latency plus bytes over the platform's bandwidth, as published)."""
     nbytes = graph.output_bytes
     inputs = [set(node.inputs) for node in graph.nodes]
-    node_cost = costs.compute_energy_j + weight * costs.runtime_s
+    if objective == "time":
+        node_cost, pagein, pageout = costs.runtime_s + weight * costs.runtime_s, costs.pagein_time_s, costs.pageout_time_s
+    else:
+        node_cost, pagein, pageout = costs.compute_energy_j + weight * costs.runtime_s, costs.pagein_energy_j, costs.pageout_energy_j
     L = chain.n_steps
 
     def peak(resident: set[int], computes: tuple[int, ...], kept: set[int]) -> int:
@@ -158,8 +172,8 @@ def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Sl
         state=np.array([slots.of(nbytes[p]) for p in points], dtype=np.int64),
         source=np.array([not graph.nodes[p].inputs for p in points]),
         recompute_state=np.asarray(node_cost[points], dtype=float),
-        pagein=np.asarray(costs.pagein_energy_j[points], dtype=float),
-        pageout=np.asarray(costs.pageout_energy_j[points], dtype=float),
+        pagein=np.asarray(pagein[points], dtype=float),
+        pageout=np.asarray(pageout[points], dtype=float),
         **{name: np.array(values) for name, values in per_step.items()},
     )
 
@@ -305,20 +319,49 @@ class PofoResult:
     slots: Slots
 
 
-def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> PofoResult:
+#: Slots added to a coarse grid's budget, one after the other, when the DP finds no plan: each size is
+#: rounded up to whole slots, so a plan whose true peak fits the budget can need a few slots more than
+#: the budget holds. Every plan is replayed against the true budget in bytes, so the slack never lets
+#: a schedule above the budget through.
+SLACK_SLOTS = (1, 2, 4, 8, 16)
+
+
+def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets, objective: str = "energy") -> PofoResult:
     """Run the DP and replay its schedule; with a runtime budget that the energy-optimal plan breaks,
     sweep the runtime weight (``LAMBDAS``, then ``BISECTIONS`` halvings between the last weight that
-    breaks it and the first that meets it) and keep the cheapest plan that meets it. Raise
-    :class:`CannotMeetBudget` when nothing fits."""
+    breaks it and the first that meets it) and keep the cheapest plan that meets it. On a coarse memory
+    grid (slots larger than the gcd of the sizes) that finds nothing, retry with ``SLACK_SLOTS`` more
+    slots, keeping the first plan that replays within the true budget. Raise :class:`CannotMeetBudget`
+    when nothing fits. ``objective``: ``energy`` (the kit's adaptation) or ``time`` (POFO as published)."""
     chain = planning_chain("pofo", graph, budgets)
     # no schedule holds more than every tensor at once: a larger budget only coarsens the slots
     slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
+    exact = slots.unit == max(1, reduce(math.gcd, (int(b) for b in graph.output_bytes), 0))
+    try:
+        return _solve_on_grid(graph, costs, budgets, chain, slots, objective)
+    except CannotMeetBudget as exc:
+        if exact:
+            raise
+        first = exc
+    for extra in SLACK_SLOTS:
+        try:
+            return _solve_on_grid(graph, costs, budgets, chain, Slots(slots.unit, slots.budget + extra), objective)
+        except CannotMeetBudget:
+            continue
+    raise first
+
+
+def _solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chain: BlockChain, slots: Slots, objective: str) -> PofoResult:
+    """:func:`solve_pofo` on one memory grid."""
     runtime_s = budgets.runtime_s(costs)
-    scale = costs.plain_step_energy_j / costs.plain_step_runtime_s if costs.plain_step_runtime_s > 0 else 0.0
+    if objective == "time":
+        scale = 1.0  # the weight multiplies compute time, already in the objective's unit
+    else:
+        scale = costs.plain_step_energy_j / costs.plain_step_runtime_s if costs.plain_step_runtime_s > 0 else 0.0
 
     def attempt(lam: float) -> PofoResult | str:
         """The plan for runtime weight ``lam``, or why it does not fit."""
-        dp = _Dp(chain, _pieces(graph, costs, chain, slots, lam * scale), slots.budget)
+        dp = _Dp(chain, _pieces(graph, costs, chain, slots, lam * scale, objective), slots.budget)
         plan_ = dp.plan()
         if plan_ is None:
             need = _smallest_need(dp.p, slots)
@@ -328,6 +371,8 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Pofo
         try:
             sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=runtime_s)
         except InvalidScheduleError as exc:
+            if simulate(schedule, graph, costs).peak_ram_bytes > budgets.ram_bytes:  # a slack grid's plan above the true budget
+                raise CannotMeetBudget(f"pofo: the chain DP's plan on this grid exceeds {int(budgets.ram_bytes):,} bytes") from exc
             return exc.reason
         return PofoResult(schedule, sim, float(dp.top[0][slots.budget]), lam * scale, slots)
 
@@ -341,13 +386,16 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Pofo
         raise CannotMeetBudget(f"pofo: no plan meets the runtime budget ({reason})")
     if lam == 0.0:
         return result
+    def cost(found: PofoResult) -> float:
+        return found.simulation.runtime_s if objective == "time" else found.simulation.energy_j
+
     best, fits = result, lam
     for _ in range(BISECTIONS):
         middle = (failed + fits) / 2
         found = attempt(middle)
         if isinstance(found, PofoResult):
             fits = middle
-            if found.simulation.energy_j < best.simulation.energy_j:
+            if cost(found) < cost(best):
                 best = found
         else:
             failed = middle
@@ -355,5 +403,12 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets) -> Pofo
 
 
 def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
-    """POFO's schedule for ``budgets``; ``options`` (time limit, threads) do not apply to the DP."""
+    """POFO's DP with the kit's energy objective, for ``budgets``; ``options`` (time limit, threads) do
+    not apply to the DP."""
     return solve_pofo(graph, costs, budgets).schedule
+
+
+def plan_time(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
+    """POFO as published: the schedule of least step time (compute plus transfers at the platform's
+    bandwidth and latency), within ``budgets``."""
+    return solve_pofo(graph, costs, budgets, objective="time").schedule
