@@ -9,11 +9,15 @@ that window in every case (:func:`window_factors`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
 from poetlab.reproduction.config import SweepConfig
+from poetlab.reproduction.params import PARAMS_FILE
 from poetlab.reproduction.plotting import STYLE, mark_time_limited
 
 #: the runtime factor of the remat-only solve that finds the threshold: loose enough never to bind
@@ -45,6 +49,20 @@ def window_factors(config: SweepConfig, threshold: float | None) -> tuple[float,
     1 + p (t - 1) of ``config.remat_window_points`` (rounded to 1e-6)."""
     extra = [] if threshold is None or not threshold > 1.0 + 1e-9 else [round(1 + p * (threshold - 1), 6) for p in config.remat_window_points]
     return tuple(sorted(set(config.runtime_factors) | set(extra)))
+
+
+def window_sweep(config: SweepConfig, cluster: str | None = None, params_file: str | os.PathLike[str] = PARAMS_FILE) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The stage's rows and each case's threshold: every case swept (:func:`poetlab.reproduction.sweep.sweep`,
+    locally or on ``cluster``) at the stage's runtime factors plus the points of its own window
+    (:func:`window_factors` of its :func:`remat_threshold`). What the notebook and ``poetlab sweep`` both run."""
+    from poetlab.reproduction.sweep import sweep
+
+    thresholds = pd.DataFrame([remat_threshold(model, platform, config) for model, platform in config.cases])
+    parts = [
+        sweep(dataclasses.replace(config, cases=(case,), runtime_factors=window_factors(config, threshold)), cluster, params_file)
+        for case, threshold in zip(config.cases, thresholds.remat_threshold.astype(float), strict=True)
+    ]
+    return pd.concat(parts, ignore_index=True), thresholds
 
 
 LABELS = {"poet": "POET (integrated)", "checkmate": "remat only", "paging_only": "paging only"}
