@@ -925,13 +925,13 @@ import poetlab
 from poetlab.torch.execute import ScheduleExecutor, retain_freed_memory
 from poetlab.planners.heuristics import greedy_remat_schedule
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.core.graph import TrainingGraph
 from poetlab.torch.models import build_torch_model
-from poetlab.torch.trace import trace
 torch.set_num_threads(1)
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
 model = build_torch_model("mobilenetv2_torch", 2)
-graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True)
+graph = TrainingGraph.load(sys.argv[2])  # (traced by the test: tracing here would move glibc's thresholds)
 costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
 schedule = greedy_remat_schedule(graph, costs, 0.5 * simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes)
 executor = ScheduleExecutor(model.module, graph, schedule, model.loss_fn)
@@ -945,17 +945,21 @@ print(statistics.median(faults[6:]))  # (steps 7-24: the first steps grow the he
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="retain_freed_memory tunes glibc's malloc")
-def test_retained_memory_spares_a_recompute_schedule_its_page_faults():
+def test_retained_memory_spares_a_recompute_schedule_its_page_faults(tmp_path):
     """glibc hands freed blocks of 128 KiB and more back to the kernel; a schedule that frees tensors
     mid-step (MobileNetV2 x0.35 at 128x128, greedy remat at half of checkpoint-all: 1.5 MB tensors) then
     page-faults fresh pages in on every step: a median of 1,400-4,300 per step over steps 7-24 (four fresh
     processes here). With retain_freed_memory() the blocks are reused: a median of 0, the odd step
     faulting a few hundred pages as the heap settles. (Before the executor stopped leaking, the leak grew
     the heap on most steps: medians of 12-100 here, 398 over steps 7-12 in one CI run; hence a median
-    over 18 steps and a factor of 10.) Run in fresh interpreters: the setting is process-wide."""
+    over 18 steps and a factor of 10.) Run in fresh interpreters: the setting is process-wide. The graph is
+    traced here, not in the probes: tracing measures each operation's workspace, and freeing those large
+    blocks raises glibc's dynamic mmap threshold, after which a default process faults no more either."""
+    model = build_torch_model("mobilenetv2_torch", 2)
+    trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True).save(tmp_path / "graph.json")
     env = {**os.environ, "PYTHONPATH": str(Path(poetlab.__file__).parents[1])}
     faults = {
-        mode: float(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
+        mode: float(subprocess.run([sys.executable, "-c", _FAULTS_PROBE, mode, str(tmp_path / "graph.json")], env=env, capture_output=True, text=True, check=True).stdout.split()[-1])
         for mode in ("default", "retain")
     }
     assert 10 * faults["retain"] < faults["default"], faults

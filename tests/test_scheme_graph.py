@@ -176,7 +176,7 @@ def test_frontier_plans_sparse_update_on_the_schemes_graph():
     assert 0 < sparse.param_bytes < graph.param_bytes
     platform = poetlab.load_platform("m4")
     costs = poetlab.CostModel.from_flops(graph, platform)
-    budget = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    budget = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes + graph.workspace_bytes  # (kept free by the planner)
     table = frontier_table(graph, platform, {}, [budget], sparse_graph=sparse, time_limit_s=5, threads=1, solver="highs").set_index("method")
     assert table.feasible.all()
     assert table.energy_j["sparse update"] < table.energy_j["poet"] and table.peak_ram_bytes["sparse update"] < table.peak_ram_bytes["poet"]

@@ -93,8 +93,10 @@ def choose_solver(model: MilpModel, solver: str) -> str:
         log.info("using HiGHS (asked for)")
         return "highs"
     kind, why = gurobi_license()
-    fits = model.n_cols <= GUROBI_SIZE_LIMIT and model.n_rows <= GUROBI_SIZE_LIMIT
-    size = f"this model has {model.n_cols} variables and {model.n_rows} constraints"
+    # (Gurobi gets a row bounded on both sides as two constraints, see _solve_gurobi: count them as it will)
+    rows = int(np.isfinite(model.row_upper).sum() + np.isfinite(model.row_lower).sum())
+    fits = model.n_cols <= GUROBI_SIZE_LIMIT and rows <= GUROBI_SIZE_LIMIT
+    size = f"this model has {model.n_cols} variables and {rows} constraints"
     if solver == "gurobi":
         if kind == "none":
             raise SolverUnavailableError(f"{why}; install a Gurobi license or use --solver highs")
