@@ -18,9 +18,8 @@ from torch import nn
 
 from poetlab.core.costs import CostModel
 from poetlab.core.platforms import load_platform
-from poetlab.core.graph import min_footprint_bytes
+from poetlab.planners.comparison import budget_ladder
 from poetlab.reproduction.config import TechniquesFrontierConfig
-from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.techniques.frontier import METHODS, frontier_table
 from poetlab.techniques.sparse_update import parse_scheme
 from poetlab.techniques.transforms import scheme_graph
@@ -50,10 +49,7 @@ def techniques_rows(config: TechniquesFrontierConfig) -> pd.DataFrame:
     graph, sparse = conv_chain_graphs(config)
     platform = load_platform(config.platform)
     costs = CostModel.from_flops(graph, platform)
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    # (each budget includes the one-operation workspace the planner keeps free: TrainingGraph.workspace_bytes)
-    budgets = {float(graph.workspace_bytes + footprint + f * (peak - footprint)): f for f in config.fractions}
+    budgets = dict(zip(budget_ladder(graph, costs, config.fractions), config.fractions, strict=True))
     densities = {i: config.relu_density for i, node in enumerate(graph.nodes) if "ReLU" in node.kind.split("+") and not node.is_backward}
     table = frontier_table(
         graph, platform, densities, list(budgets), config.runtime_factor, None, config.density_margin,

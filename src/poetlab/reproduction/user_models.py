@@ -5,9 +5,8 @@ tightest budget that POET met: the same training steps plainly and under the sch
 (:func:`poetlab.torch.finetune.compare_training`), so the stage checks what a user relies on, gradients
 unchanged and the measured peak inside the budget, not only what the simulator predicts.
 
-Budgets are the user's RAM: each includes the one-operation workspace the planner keeps free
-(:attr:`poetlab.core.graph.TrainingGraph.workspace_bytes`), so the executed peak is compared with the
-whole budget."""
+Budgets are the user's RAM (:func:`poetlab.planners.comparison.budget_ladder`): each includes the
+one-operation workspace the planner keeps free, so the executed peak is compared with the whole budget."""
 
 from __future__ import annotations
 
@@ -15,20 +14,13 @@ import pandas as pd
 import torch
 
 from poetlab.core.costs import CostModel
-from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.platforms import load_platform
-from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.planners.comparison import budget_ladder
 from poetlab.planners.poet.solver import solve
 from poetlab.reproduction.config import UserModelsConfig
 from poetlab.torch.finetune import compare_training
 from poetlab.torch.trace import trace
 from poetlab.torch.user_models import load_user_model, user_model_name
-
-
-def _budgets(graph, costs, fractions) -> dict[float, float]:
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    return {f: float(graph.workspace_bytes + footprint + f * (peak - footprint)) for f in fractions}
 
 
 def user_model_tables(config: UserModelsConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -42,7 +34,7 @@ def user_model_tables(config: UserModelsConfig) -> tuple[pd.DataFrame, pd.DataFr
         graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=config.fuse, name=name)
         costs = CostModel.from_flops(graph, platform)
         tightest = None
-        for fraction, budget in sorted(_budgets(graph, costs, config.fractions).items(), reverse=True):
+        for fraction, budget in sorted(zip(config.fractions, budget_ladder(graph, costs, config.fractions), strict=True), reverse=True):
             result = solve(graph, costs, budget, time_limit_s=config.time_limit_s, mip_gap=config.mip_gap, threads=config.threads, solver=config.solver)
             feasible = result.schedule is not None
             frontier.append({
