@@ -34,16 +34,11 @@ def cmd_execute(args: argparse.Namespace) -> int:
         return EXIT_NO_SCHEDULE
     model = build_torch_model(args.model, args.batch_size)
     retain_freed_memory()  # (this process runs schedules: no page faults for memory freed mid-step)
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        comparison = compare_training(
-            model.module, graph, result.schedule, model.loss_fn, [(model.inputs, model.targets)] * args.steps,
-            lambda params: torch.optim.SGD(params, lr=args.lr), progress=sys.stderr.isatty(),
-            prefetch=args.prefetch, paging_dir=args.paging_dir,
-        )
-    finally:
-        torch.use_deterministic_algorithms(previous)
+    comparison = compare_training(
+        model.module, graph, result.schedule, model.loss_fn, [(model.inputs, model.targets)] * args.steps,
+        lambda params: torch.optim.SGD(params, lr=args.lr), progress=sys.stderr.isatty(),
+        prefetch=args.prefetch, paging_dir=args.paging_dir,
+    )
     row = {
         "model": args.model, "platform": costs.platform, "batch_size": args.batch_size, "ram_budget_bytes": args.ram_budget,
         "solver_status": result.status, "predicted_peak_bytes": result.peak_ram_bytes, "predicted_runtime_s": result.runtime_s,

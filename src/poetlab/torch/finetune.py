@@ -93,7 +93,8 @@ def compare_training(
     **options: object,
 ) -> TrainingComparison:
     """Train copies of ``module`` plainly and under ``schedule`` on ``batches``; ``module`` is left as is.
-    ``options`` go to :class:`ScheduleExecutor` (``prefetch``, ``paging_dir``, ...)."""
+    Runs with ``torch.use_deterministic_algorithms(True)`` (restored after), without which the two sides
+    need not agree bit for bit. ``options`` go to :class:`ScheduleExecutor` (``prefetch``, ``paging_dir``, ...)."""
     from tqdm.auto import tqdm
 
     def run(measure: bool):
@@ -136,10 +137,15 @@ def compare_training(
         same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), scheduled.state_dict().values(), strict=True))
         return rows, same, last
 
-    state = torch.get_rng_state()
-    timed, same_timed, last = run(measure=False)
-    torch.set_rng_state(state)
-    measured, same_measured, _ = run(measure=True)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # (bit for bit: both sides on the same deterministic kernels)
+    try:
+        state = torch.get_rng_state()
+        timed, same_timed, last = run(measure=False)
+        torch.set_rng_state(state)
+        measured, same_measured, _ = run(measure=True)
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
     losses_agree = [r[:2] for r in timed] == [r[:2] for r in measured]
     return TrainingComparison(
         plain_losses=tuple(r[0] for r in timed),
