@@ -439,6 +439,7 @@ def test_dvc_commands_paste_no_parameter_and_check_first():
         if "papermill" in cmd:
             assert re.match(rf"python -m poetlab\.reproduction check {name} &&", cmd), f"{name}: no parameter check first"
             assert "experiments/params_checked.txt" in stage["deps"], f"{name}: runs before the params_check stage"
+            assert f'python -m poetlab.reproduction run {name} --parent "$PPID" -- papermill ' in cmd, f"{name}: papermill would outlive dvc"
             assert cmd.endswith(f"|| python -m poetlab.reproduction failed {name}"), f"{name}: a failure does not say how to restore the outputs"
     check = stages["params_check"]
     assert check["params"] == ["preset", "presets.${preset}"] and check["outs"] == [{"experiments/params_checked.txt": {"cache": False, "persist": True}}]
@@ -562,8 +563,13 @@ PLATFORM_STAGES = ("graphs", "baselines", "table2_platforms", "fig3_frontier", "
 
 
 def _repo_copy_with_wrong_platform(tmp_path: Path, stage: str) -> tuple[Path, dict[str, str]]:
+    """:func:`repo_copy` with an unknown platform in ``stage``'s smoke section."""
+    return repo_copy(tmp_path, lambda smoke: _wrong_platform(smoke[stage]))
+
+
+def repo_copy(tmp_path: Path, edit_smoke=None) -> tuple[Path, dict[str, str]]:
     """A copy of the checkout (its tracked files as they are in the working tree), committed to a fresh git
-    repository, on the smoke preset with an unknown platform in ``stage``; and the environment to run it."""
+    repository, on the smoke preset (changed by ``edit_smoke(section)`` where given); and the environment to run it."""
     import os
     import shutil
     import subprocess
@@ -577,7 +583,8 @@ def _repo_copy_with_wrong_platform(tmp_path: Path, stage: str) -> tuple[Path, di
             shutil.copy2(REPO / name, copy / name)
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["preset"] = "smoke"
-    _wrong_platform(params["presets"]["smoke"][stage])
+    if edit_smoke is not None:
+        edit_smoke(params["presets"]["smoke"])
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):

@@ -2,6 +2,8 @@
 (``all``: every reproduction stage's) before any notebook runs; one line and exit code 2 when one is wrong.
 ``python -m poetlab.reproduction failed STAGE``: what a stage's command runs when it fails (``|| ...``): one
 line saying how to restore the outputs DVC removed before it ran, and exit code 1.
+``python -m poetlab.reproduction run STAGE [--parent PID] -- COMMAND...``: run a stage's notebook so that it
+dies with DVC (:mod:`poetlab.reproduction.launcher`).
 
 ``dvc.yaml``'s ``params_check`` stage runs ``check all --stamp experiments/params_checked.txt`` and every
 reproduction stage depends on that stamp, so DVC runs the check before it removes any stage's outputs: a
@@ -12,13 +14,20 @@ stage passes (atomically; the stage keeps it with ``persist``, so a failing chec
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+
+import yaml
 
 from poetlab.core.files import write_text_atomic
 from poetlab.errors import PoetlabError
 from poetlab.reproduction.config import STAGES, stage_config
 
-USAGE = "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE] | failed STAGE"
+USAGE = (
+    "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE] | failed STAGE"
+    " | run STAGE [--parent PID] -- COMMAND..."
+)
 STAMP_TEXT = "every reproduction stage's parameters in params.yaml passed `python -m poetlab.reproduction check all`\n"
 
 
@@ -27,6 +36,8 @@ def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "failed":
         print(f"dvc repro: stage {argv[1]} failed; `git checkout experiments` restores the committed outputs", file=sys.stderr)
         return 1
+    if argv[:1] == ["run"]:
+        return _run(argv[1:])
     stamp = None
     if "--stamp" in argv:
         at = argv.index("--stamp")
@@ -48,6 +59,32 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _run(argv: list[str]) -> int:
+    """``run STAGE [--parent PID] -- COMMAND...`` (an empty PID, as a shell without ``$PPID`` gives: watch the
+    launcher's own parent)."""
+    from poetlab.reproduction.launcher import run_stage, stage_outputs
+
+    if "--" not in argv:
+        print(USAGE, file=sys.stderr)
+        return 2
+    at = argv.index("--")
+    head, command = argv[:at], argv[at + 1 :]
+    parent = None
+    if len(head) == 3 and head[1] == "--parent" and (head[2] == "" or head[2].isdigit()):
+        parent = int(head[2]) if head[2] else None
+    elif len(head) != 1:
+        head = []
+    if not head or not command:
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        stage_outputs(head[0], Path(os.environ.get("DVC_ROOT", ".")))
+    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
+        print(f"error: no stage {head[0]!r} in dvc.yaml; run this from the repository's root", file=sys.stderr)
+        return 2
+    return run_stage(head[0], command, parent)
 
 
 if __name__ == "__main__":
