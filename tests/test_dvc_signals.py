@@ -48,7 +48,10 @@ def _stage_outputs(copy: Path) -> list[Path]:
     return [copy / next(iter(entry)) for kind in ("outs", "metrics", "plots") for entry in spec.get(kind) or []]
 
 
-def test_sigterm_to_dvc_mid_stage_kills_the_stage_and_writes_nothing_after(tmp_path):
+@pytest.mark.parametrize("how", ["SIGTERM to dvc", "Ctrl-C"])
+def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, tmp_path):
+    """``SIGTERM to dvc``: DVC dies at once. ``Ctrl-C``: SIGINT to the whole process group, as a terminal sends
+    it; DVC ignores it while a stage runs, papermill (in a group of its own) gets it through the launcher."""
     copy, env = repo_copy(tmp_path)
     before = _outputs(copy)
     dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "-s", STAGE], cwd=copy, env=env, stdout=subprocess.PIPE,
@@ -59,10 +62,13 @@ def test_sigterm_to_dvc_mid_stage_kills_the_stage_and_writes_nothing_after(tmp_p
         _wait_for(lambda: (copy / "experiments/notebooks" / f"{STAGE}.ipynb").exists(), 120, "papermill's first write")
         time.sleep(1.0)  # (the kernel is running the notebook's cells)
         running = _run_processes(copy)
-        dvc.send_signal(signal.SIGTERM)
+        if how == "Ctrl-C":
+            os.killpg(dvc.pid, signal.SIGINT)
+        else:
+            dvc.send_signal(signal.SIGTERM)
         dvc.wait(timeout=30)
         try:
-            _wait_for(lambda: not _run_processes(copy), 5, "every process of the stage to die with dvc")
+            _wait_for(lambda: not _run_processes(copy), 10, "every process of the stage to die with dvc")
         finally:
             for pid in _run_processes(copy):  # (the old behaviour: papermill and its kernel run on)
                 os.kill(pid, signal.SIGKILL)
@@ -70,9 +76,12 @@ def test_sigterm_to_dvc_mid_stage_kills_the_stage_and_writes_nothing_after(tmp_p
     finally:
         if dvc.poll() is None:
             dvc.kill()
-    assert dvc.returncode == -signal.SIGTERM, "dvc was not stopped mid-stage"
+    if how == "SIGTERM to dvc":
+        assert dvc.returncode == -signal.SIGTERM, ("dvc was not stopped mid-stage", stderr)
+    else:
+        assert dvc.returncode != 0 and f"failed to reproduce '{STAGE}'" in stderr, stderr
     assert any("papermill" in cmd for cmd in running.values()), running
-    settled = _outputs(copy)
+    settled = _outputs(copy)  # (only now: the stage's processes are gone)
     time.sleep(3)
     assert _outputs(copy) == settled, "an output was written after dvc and its stage were gone"
     leftovers = [p for p in _stage_outputs(copy) if p.exists()]
@@ -141,7 +150,7 @@ def test_launcher_passes_the_commands_exit_code_and_refuses_bad_use(tmp_path):
     run = lambda *args: subprocess.run([sys.executable, "-m", "poetlab.reproduction", "run", *args], cwd=root, env=env, capture_output=True, text=True, timeout=60)  # noqa: E731
     assert run("fake", "--", sys.executable, "-c", "raise SystemExit(7)").returncode == 7
     assert run("fake", "--parent", "", "--", sys.executable, "-c", "pass").returncode == 0  # (a shell without $PPID)
-    for bad in (["nosuch", "--", "true"], ["fake"], ["fake", "--"], ["fake", "--parent", "x", "--", "true"]):
+    for bad in (["nosuch", "--", "true"], ["fake"], ["fake", "--"], ["fake", "--parent", "x", "--", "true"], ["fake", "--", str(root / "no-such-command")]):
         result = run(*bad)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, (bad, result.stderr)
 

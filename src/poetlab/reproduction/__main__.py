@@ -14,15 +14,12 @@ stage passes (atomically; the stage keeps it with ``persist``, so a failing chec
 
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
-
-import yaml
 
 from poetlab.core.files import write_text_atomic
 from poetlab.errors import PoetlabError
 from poetlab.reproduction.config import STAGES, stage_config
+from poetlab.reproduction.launcher import run_stage
 
 USAGE = (
     "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE] | failed STAGE"
@@ -64,8 +61,6 @@ def main(argv: list[str]) -> int:
 def _run(argv: list[str]) -> int:
     """``run STAGE [--parent PID] -- COMMAND...`` (an empty PID, as a shell without ``$PPID`` gives: watch the
     launcher's own parent)."""
-    from poetlab.reproduction.launcher import run_stage, stage_outputs
-
     if "--" not in argv:
         print(USAGE, file=sys.stderr)
         return 2
@@ -80,11 +75,10 @@ def _run(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        stage_outputs(head[0], Path(os.environ.get("DVC_ROOT", ".")))
-    except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
-        print(f"error: no stage {head[0]!r} in dvc.yaml; run this from the repository's root", file=sys.stderr)
+        return run_stage(head[0], command, parent)
+    except PoetlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    return run_stage(head[0], command, parent)
 
 
 if __name__ == "__main__":

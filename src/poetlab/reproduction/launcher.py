@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+from poetlab.errors import InvalidArgumentError
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 WATCH_EVERY_S = 0.1
@@ -165,14 +167,17 @@ def kill_below(command: subprocess.Popen, grace_s: float = GRACE_S) -> None:
 def stage_outputs(stage: str, root: Path) -> list[Path]:
     """The files ``dvc.yaml`` (in ``root``) declares as ``stage``'s outputs, metrics and plots, except
     those DVC keeps between runs (``persist``)."""
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]
-    wdir = root / spec.get("wdir", ".")
-    found = []
-    for kind in ("outs", "metrics", "plots"):
-        for entry in spec.get(kind) or []:
-            path, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
-            if not (options or {}).get("persist", False):
-                found.append(wdir / path)
+    try:
+        spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"][stage]
+        wdir = root / spec.get("wdir", ".")
+        found = []
+        for kind in ("outs", "metrics", "plots"):
+            for entry in spec.get(kind) or []:
+                path, options = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+                if not (options or {}).get("persist", False):
+                    found.append(wdir / path)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, StopIteration) as exc:
+        raise InvalidArgumentError(f"no stage {stage!r} in {root / 'dvc.yaml'} ({type(exc).__name__}); run this from the repository's root") from exc
     return found
 
 
@@ -191,7 +196,8 @@ def remove_outputs(paths: list[Path]) -> None:
 
 def run_stage(stage: str, command: list[str], parent: int | None) -> int:
     """Run ``command`` for ``stage`` under the watch described in the module docstring; its exit code,
-    or non-zero when it was stopped."""
+    or non-zero when it was stopped. :class:`~poetlab.errors.InvalidArgumentError` for a stage that
+    ``dvc.yaml`` lacks or a command that cannot start."""
     root = Path(os.environ.get("DVC_ROOT", "."))
     outputs = stage_outputs(stage, root)  # (read first: a dvc.yaml edited meanwhile does not matter)
     ended: list[int] = []
@@ -206,7 +212,10 @@ def run_stage(stage: str, command: list[str], parent: int | None) -> int:
             why = "dvc had already ended"
         else:
             _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-            process = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_launcher)
+            try:
+                process = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_launcher)
+            except OSError as exc:
+                raise InvalidArgumentError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
             why = None
             while why is None:
                 try:
@@ -216,14 +225,14 @@ def run_stage(stage: str, command: list[str], parent: int | None) -> int:
                 if ended:
                     why = f"{signal.Signals(ended[0]).name} received"
                 elif not watched.alive():
-                    why = f"dvc (pid {watched.pid}) ended"
+                    why = f"{'dvc' if parent is not None else 'its parent process'} (pid {watched.pid}) ended"
                 elif code is not None:
                     kill_below(process)  # (what it left running)
                     return code
             kill_below(process)
         remove_outputs(outputs)
         try:
-            print(f"poetlab: stage {stage} stopped ({why}): its processes killed, its partial outputs removed", file=sys.stderr)
+            print(f"poetlab: stage {stage} stopped ({why}): its processes ended, its partial outputs removed", file=sys.stderr)
         except OSError:
             pass  # (DVC's end closed the pipe this went to)
         return 128 + ended[0] if ended else 1
