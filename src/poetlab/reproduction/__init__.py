@@ -14,6 +14,8 @@
 - :mod:`~poetlab.reproduction.report`: ``experiments/report.md``.
 - :mod:`~poetlab.reproduction.techniques_frontier` (not in the paper): POET, POET with compression and
   sparse update on one conv chain, memory against energy.
+- :mod:`~poetlab.reproduction.launcher`: how a stage runs its notebook so that papermill and its kernel die
+  with ``dvc repro`` (``python -m poetlab.reproduction run STAGE ...``).
 
 Each figure module reads tidy rows and returns a matplotlib figure or a DataFrame; the notebooks under
 ``notebooks/`` only wire them together (``python -m poetlab.reproduction check STAGE PRESET`` checks a
