@@ -17,7 +17,8 @@ For one model of :mod:`poetlab.torch.models`, traced fused (``poetlab.torch.trac
 - costs: ``--platform`` a paper platform (flop model; compress and decompress at the
   ``FLOP_PER_ELEMENT`` ESTIMATE) or ``host`` (the fused host profile's measured node times, compress and
   decompress timed here by :func:`~poetlab.techniques.compression.measure_bitmap_rates`);
-- budgets: ``--fractions`` of the way from the smallest single-node footprint to checkpoint-all's peak;
+- budgets: ``--fractions`` of the way from the smallest single-node footprint to checkpoint-all's peak,
+  plus the workspace :func:`poetlab.solve` keeps free (:func:`poetlab.planners.comparison.budget_ladder`);
 - per budget: POET (time limit ``--time-limit``) with its proven lower bound, and POET + compression
   (twice the limit); *certified* when POET + compression's simulated energy is below POET's proven
   lower bound, i.e. below every schedule without compression;
@@ -42,6 +43,7 @@ from poetlab.torch.execute import execute, memory_allowance_bytes
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule
 from poetlab.techniques.bittrain import shift_relu_density
+from poetlab.planners.comparison import budget_ladder
 from poetlab.planners.compression import compress_all_schedule, compress_idle
 from poetlab.techniques.compression import compression_costs, graph_densities, measure_bitmap_rates
 from poetlab.torch.models import build_torch_model
@@ -147,7 +149,7 @@ def main() -> None:
     }
     print(f"{args.model} batch {args.batch} fused: {graph.n_nodes} nodes, {int(costs.compression.allowed.sum())} compressible; plain {full.energy_j:.6g} J, "
           f"peak {full.peak_ram_bytes:,}, footprint {footprint:,}; compress-all {bittrain.energy_j:.6g} J at {bittrain.peak_ram_bytes:,}", flush=True)
-    budgets = {f: int(footprint + f * (full.peak_ram_bytes - footprint)) for f in args.fractions}
+    budgets = dict(zip(args.fractions, budget_ladder(graph, costs, args.fractions), strict=True))  # (the workspace solve keeps free added)
     poets = {}
     for fraction, budget in budgets.items():
         started = time.perf_counter()

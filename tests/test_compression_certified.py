@@ -2,62 +2,77 @@
 *proven* optimum without it, the schedule validated by the simulator and executed with gradients equal
 to autograd's bit for bit.
 
-The model is ``vgg16_cifar_torch`` (batch 1) traced fused, with densities measured per node on its own
-batch and compression costed at the flop estimate on the Cortex-M4 (paging is dear there). POET without
-compression solves to optimality there in about 10 s, so its bound is its optimum; no result is
-hard-coded, only the budget (12% of the way from the smallest footprint to checkpoint-all's peak, where
-POET needs recomputes that compression can replace). Slow (37 s here with a 120 s limit; with a 40 s limit
-HiGHS stopped before finding any compression schedule); no smaller real model was found yet on which POET needs
-costly recomputes at a feasible budget (a 23-node VGG-style chain reaches the plain step's energy at
-every feasible budget, since recomputing a max-pool is free under the flop model)."""
+The model is a :class:`~poetlab.torch.models.ConvChain` (8 channels, 16x16, 4 x (3x3 convolution + ReLU),
+a linear classifier; seeded, batch 1), traced fused, so a ReLU output is its convolution's node and
+recomputing it costs the convolution's flops. Densities are measured per node on its own batch,
+compression is costed at the flop estimate on the Cortex-M4, where paging is dear too. At 30% of the way
+from the smallest footprint to checkpoint-all's peak (the workspace kept free added) POET must recompute
+convolutions; both MILPs prove their optimum in about a second each here (POET's 7.2032 mJ with 6
+recomputes, POET + compression's 6.2428 mJ with one compressed tensor: 13% below). Nothing is hard-coded
+but the model's size and the budget's fraction: the test fails if POET stops short of a proof, if
+compression's best schedule is not below POET's proven bound, or if it does not replay and run.
+(On the 8x8 chain the same holds, but its executed step's measured peak exceeds the simulator's by more
+than ``memory_allowance_bytes``, which the execution check asserts.)
+
+(It replaces VGG-16 CIFAR at 12% of the way: the claim holds there too, but by 0.02%, and the compression
+MILP took 117 s and 179 s to reach it on a loaded machine, past the 120 s the test gave it.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from poetlab import CostModel, load_platform, simulate, solve
-from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.schedule import checkpoint_all_schedule
+from poetlab.planners.comparison import budget_ladder
 from poetlab.planners.compression import compress_idle
 from poetlab.techniques.compression import compression_costs, graph_densities
-from poetlab.torch.models import build_torch_model
+from poetlab.torch.models import ConvChain
 from poetlab.torch.trace import trace
 
 from test_execute import _check_step
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
-FRACTION = 0.12  # of the way from the smallest single-node footprint to checkpoint-all's peak
+FRACTION = 0.3  # of the way from the smallest footprint to checkpoint-all's peak
 
 
-@pytest.mark.slow
-def test_compression_is_certified_below_poets_optimum_on_vgg16_and_runs_with_autograds_gradients():
+def _conv_chain():
+    torch.manual_seed(0)
+    module = ConvChain(8, 16, 4).train()
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn((1, 8, 16, 16), generator=generator)
+    targets = torch.randint(4, (1,), generator=generator)
+    return module, inputs, targets
+
+
+def test_compression_is_certified_below_poets_optimum_on_a_conv_chain_and_runs_with_autograds_gradients():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        built = build_torch_model("vgg16_cifar_torch", 1, 0)
-        module, inputs, targets, loss_fn = built.module, built.inputs, built.targets, built.loss_fn
-        graph = trace(module, inputs, loss_fn, targets, fuse=True, name="vgg16_cifar_torch")
+        module, inputs, targets = _conv_chain()
+        loss_fn = nn.CrossEntropyLoss()
+        graph = trace(module, inputs, loss_fn, targets, fuse=True, name="conv_chain_torch")
         densities = graph_densities(module, inputs, loss_fn, targets, graph)
+        assert densities and all(0 < d < 1 for d in densities.values() if d != 1.0)  # measured ReLU outputs, not a dense default
         platform = load_platform("m4")
         costs = CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities, 0.1))
-        peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-        footprint, _ = min_footprint_bytes(graph)
-        budget = int(footprint + FRACTION * (peak - footprint)) + graph.workspace_bytes  # (solve keeps the workspace free)
+        (budget,) = budget_ladder(graph, costs, [FRACTION])
 
-        poet = solve(graph, costs, budget, time_limit_s=40, threads=1)
+        poet = solve(graph, costs, budget, time_limit_s=60, mip_gap=0.0, threads=1)
         assert poet.status == "optimal" and poet.bound_j is not None  # the bound is POET's optimum
-        assert poet.energy_j > costs.plain_step_energy_j  # the budget makes POET pay for something
+        assert poet.energy_j > costs.plain_step_energy_j * 1.01  # the budget makes POET pay for recomputes
+        assert poet.n_recomputes > 0
         both = solve(
-            graph, costs, budget, compression=True, time_limit_s=120, threads=1,
+            graph, costs, budget, compression=True, time_limit_s=60, mip_gap=0.0, threads=1,
             starts=[compress_idle(poet.schedule, graph, costs.compression), poet.schedule],
         )
         assert both.n_compresses > 0
-        assert both.energy_j < poet.bound_j * (1 - 1e-6)  # below every schedule without compression
+        assert both.energy_j < poet.bound_j * (1 - 1e-3)  # below every schedule without compression, by more than the solvers' tolerances
         replayed = simulate(both.schedule, graph, costs, ram_budget_bytes=budget)
         assert replayed.energy_j == pytest.approx(both.energy_j, rel=1e-12) and replayed.peak_ram_bytes <= budget
-        result = _check_step("vgg16", True, both.schedule, graph, costs, module, inputs, targets)
+        assert replayed.n_compresses == both.n_compresses
+        result = _check_step("conv_chain", True, both.schedule, graph, costs, module, inputs, targets)
         assert result.n_compresses == replayed.n_compresses > 0
     finally:
         torch.set_num_threads(threads)
