@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
 from poetlab.planners.baselines.milp_variants import MILP_VARIANTS, solve_variant
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
+from poetlab.progress import progress_bar
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.paper_models import build_paper_graph
 from poetlab.core.platforms import load_platform
@@ -97,7 +97,7 @@ def compare_methods(
     ladder = list(zip(fractions, budget_ladder(graph, costs, fractions), strict=True))
     jobs = [(f, b, m) for f, b in ladder for m in order]
     starts: dict[float, list[Schedule]] = {f: [] for f, _ in ladder}
-    for fraction, ram_bytes, method in tqdm(jobs, desc=f"{graph.name}/{costs.platform}", unit="plan", leave=False):
+    for fraction, ram_bytes, method in progress_bar(jobs, desc=f"{graph.name}/{costs.platform}", unit="plan", leave=False):
         budgets = Budgets(ram_bytes, runtime_factor)
         common = dict(
             model=graph.name, platform=costs.platform, method=method, budget_fraction=float(fraction),
@@ -141,7 +141,7 @@ def comparison_table(
     options = PlanOptions(time_limit_s=time_limit_s, threads=threads)
     rows = [
         asdict(row)
-        for graph, platform in tqdm(pairs, desc="comparison", unit="case")
+        for graph, platform in progress_bar(pairs, desc="comparison", unit="case")
         for row in compare_methods(graph, CostModel.from_flops(graph, platform), fractions, runtime_factor, methods, options)
     ]
     return pd.DataFrame(rows, columns=[field for field in ComparisonRow.__dataclass_fields__])
