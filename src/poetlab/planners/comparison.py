@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
-from poetlab.planners.baselines.milp_variants import MILP_VARIANTS, solve_variant
+from poetlab.planners.baselines.milp_variants import INTEGRATED, MILP_VARIANTS, solve_variant
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.progress import progress_bar
@@ -91,7 +91,7 @@ def compare_methods(
     problems again with a quarter of the time limit): POET then gets the whole time limit for itself and
     is never above either restriction, time limit or not. The other methods are independent checks."""
     methods = check_methods(methods)
-    order = sorted(methods, key=lambda method: method == "poet")  # POET last, the rest as given
+    order = sorted(methods, key=lambda method: method in INTEGRATED)  # POET last, the rest as given
     plain = costs.plain_step_energy_j
     rows: dict[tuple[float, str], ComparisonRow] = {}
     ladder = list(zip(fractions, budget_ladder(graph, costs, fractions), strict=True))
@@ -104,8 +104,8 @@ def compare_methods(
             ram_budget_bytes=ram_bytes, runtime_budget_factor=runtime_factor,
         )
         if method in MILP_VARIANTS:
-            solved = solve_variant(method, graph, costs, budgets, options, starts=starts[fraction] if method == "poet" else ())
-            if solved.schedule is not None:
+            solved = solve_variant(method, graph, costs, budgets, options, starts=starts[fraction] if method in INTEGRATED else ())
+            if solved.schedule is not None and method not in INTEGRATED:
                 starts[fraction].append(solved.schedule)
             sim, status, gap, seconds, reason = solved.simulation, solved.status, solved.mip_gap, solved.solve_time_s, solved.message
         else:

@@ -386,7 +386,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
-    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin"), "platforms"),
+    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "poet_no_capuchin", "capuchin"), "platforms"),
     "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo_time")),
     "feasibility": _feasibility_config,
     "claims": _claims_config,
