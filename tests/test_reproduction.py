@@ -22,7 +22,7 @@ from poetlab.core.platforms import load_platform
 from poetlab.reproduction import claims as claims_module
 from poetlab.reproduction.config import STAGES, SweepConfig, stage_config
 from poetlab.reproduction.feasibility import feasibility_table, inference_peak_bytes, memory_ratio_table
-from poetlab.reproduction.fig3_frontier import frontier_figure, frontier_summary
+from poetlab.reproduction.fig3_frontier import frontier_conclusion, frontier_figure, frontier_summary
 from poetlab.reproduction.fig4_runtime import runtime_comparison, runtime_figure
 from poetlab.reproduction.fig5_capuchin import capuchin_figure, capuchin_metrics, capuchin_table
 from poetlab.reproduction.report import Section, report_markdown
@@ -66,6 +66,13 @@ def test_frontier_summary_and_figure():
     fig = frontier_figure(data, {"p": 80, "q": None})
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["p", "q"]
     plt.close(fig)
+    # the closing text, from the rows: budgets met, overheads, who fits in the device's RAM
+    more = pd.concat([data, rows(row(fraction=0.0, energy=1.2, peak=30, model="small", status="time_limit", gap=0.03))], ignore_index=True)
+    text = frontier_conclusion(more, {"p": 40, "q": None})
+    assert text.startswith("POET has a schedule at 5 of 6 budgets") and "p 20%; q 0%" in text
+    assert "1 solves stopped at the time limit" in text and "3%, is small on p at fraction 0" in text
+    assert "On p (40 bytes of RAM) small (30 bytes) fits; the other models' smallest peaks are 1.25x to 1.25x its RAM." in text
+    assert "On q" not in text  # its RAM is not known
 
 
 def test_runtime_comparison_flags_poet_above_a_one_lever_method():
@@ -305,8 +312,9 @@ def test_every_preset_has_valid_reproduction_params():
             stage_config(stage, preset, PARAMS)
     frontier = stage_config("fig3_frontier", "default", PARAMS)
     assert isinstance(frontier, SweepConfig)
-    assert {m for m, _ in frontier.cases} == {"resnet18", "resnet50", "vgg16", "bert"}
-    assert {p for _, p in frontier.cases} == {"m0", "m4", "a72", "jetsontx2"}
+    grid = {(m, p) for m in ("resnet18", "resnet50", "vgg16", "bert") for p in ("m0", "m4", "a72", "jetsontx2")}
+    cortex_m = {(m, p) for m in ("resnet18_cifar", "bert_seq8") for p in ("m0", "m4")}  # extra_cases: the Cortex-M panels only
+    assert set(frontier.cases) == grid | cortex_m and len(frontier.cases) == len(grid) + len(cortex_m)
 
 
 @pytest.mark.parametrize(
@@ -316,6 +324,7 @@ def test_every_preset_has_valid_reproduction_params():
         ("fig3_frontier", "models", ["resnet1000"], "presets.smoke.fig3_frontier.models has unknown model 'resnet1000'"),
         ("fig3_frontier", "fractions", [], "presets.smoke.fig3_frontier.fractions is an empty grid"),
         ("fig3_frontier", "fractions", [0.5, 1.5], "presets.smoke.fig3_frontier.fractions has 1.5"),
+        ("fig3_frontier", "extra_cases", [["bert_seq8", "m5"]], "presets.smoke.fig3_frontier.extra_cases has unknown platform 'm5'"),
         ("fig4_runtime", "runtime_factors", [], "presets.smoke.fig4_runtime.runtime_factors is an empty grid"),
         ("fig4_runtime", "cases", [["linear", "nowhere"]], "presets.smoke.fig4_runtime.cases has unknown platform 'nowhere'"),
         ("fig4_runtime", "methods", ["poet", "dtr"], "presets.smoke.fig4_runtime.methods has unknown method 'dtr'"),
