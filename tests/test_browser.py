@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,6 +70,7 @@ def jupyterlab(tmp_path_factory):
     """A JupyterLab server on a free local port serving a copy of experiments/notebooks/ (so nothing the
     browser does can touch the committed files), with its settings, workspaces and runtime files in a
     temporary folder; yields (base URL, token, the folder it serves)."""
+    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -e '.[pipeline]')")
     home = tmp_path_factory.mktemp("jupyter")
     root = home / "notebooks"
     shutil.copytree(NOTEBOOKS, root)
@@ -95,7 +95,7 @@ def jupyterlab(tmp_path_factory):
             try:
                 with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5):
                     break
-            except (urllib.error.URLError, ConnectionError):
+            except OSError:  # (refused, reset, timed out, or an HTTP error while it starts)
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"JupyterLab did not start: {(home / 'server.log').read_text()[-2000:]}")
                 time.sleep(0.5)
