@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import yaml
 
 from conftest import REPO
 from poetlab.errors import InvalidArgumentError, UnknownNameError
+from poetlab.progress import PROGRESS_ENV, progress_bar, progress_enabled
 from poetlab.reproduction.params import load_params, stage_params
 
 PARAMS = REPO / "params.yaml"
@@ -51,8 +53,31 @@ def test_stage_params_errors(tmp_path):
         stage_params("graphs", "smoke", tmp_path / "missing.yaml")
 
 
-def test_graphs_notebook_writes_table_and_metrics(tmp_path):
+def _progress_outputs(notebook) -> list[str]:
+    """The outputs of an executed notebook that are progress bars: tqdm's text on stderr, or its widgets."""
+    found = []
+    for cell in json.loads(notebook.read_text())["cells"]:
+        for output in cell.get("outputs", []):
+            if "application/vnd.jupyter.widget-view+json" in output.get("data", {}):
+                found.append(str(output["data"].get("text/plain")))
+            elif output.get("name") == "stderr" and ("%|" in "".join(output["text"]) or "IProgress" in "".join(output["text"])):
+                found.append("".join(output["text"]))
+    return found
+
+
+def test_progress_bars_are_off_where_the_pipeline_says_so(monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    assert progress_enabled() and not progress_bar(range(3), disable=False, file=io.StringIO()).disable
+    for off in ("0", "off", "False"):
+        monkeypatch.setenv(PROGRESS_ENV, off)
+        assert not progress_enabled() and progress_bar(range(3), disable=False).disable
+        assert list(progress_bar(range(3))) == [0, 1, 2]  # still iterates
+
+
+def test_graphs_notebook_writes_table_and_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv(PROGRESS_ENV, "0")  # as dvc.yaml runs it: the kernel inherits it, no bar is saved
     run_notebook("graphs", tmp_path)
+    assert _progress_outputs(tmp_path / "graphs.ipynb") == []
     table = pd.read_csv(tmp_path / "tables" / "graphs.csv")
     assert len(table) == 4
     row = table[(table.model == "linear") & (table.platform == "m0")].iloc[0]

@@ -22,7 +22,7 @@ from poetlab.core.platforms import load_platform
 from poetlab.reproduction import claims as claims_module
 from poetlab.reproduction.config import STAGES, SweepConfig, stage_config
 from poetlab.reproduction.feasibility import feasibility_table, inference_peak_bytes, memory_ratio_table
-from poetlab.reproduction.fig3_frontier import frontier_figure, frontier_summary
+from poetlab.reproduction.fig3_frontier import frontier_conclusion, frontier_figure, frontier_summary
 from poetlab.reproduction.fig4_runtime import runtime_comparison, runtime_figure
 from poetlab.reproduction.fig5_capuchin import capuchin_figure, capuchin_metrics, capuchin_table
 from poetlab.reproduction.report import Section, report_markdown
@@ -66,6 +66,13 @@ def test_frontier_summary_and_figure():
     fig = frontier_figure(data, {"p": 80, "q": None})
     assert len(fig.axes) == 2 and [ax.get_title() for ax in fig.axes] == ["p", "q"]
     plt.close(fig)
+    # the closing text, from the rows: budgets met, overheads, who fits in the device's RAM
+    more = pd.concat([data, rows(row(fraction=0.0, energy=1.2, peak=30, model="small", status="time_limit", gap=0.03))], ignore_index=True)
+    text = frontier_conclusion(more, {"p": 40, "q": None})
+    assert text.startswith("POET has a schedule at 5 of 6 budgets") and "p 20%; q 0%" in text
+    assert "1 solves stopped at the time limit" in text and "3%, is small on p at fraction 0" in text
+    assert "On p (40 bytes of RAM) small (30 bytes) fits; the other models' smallest peaks are 1.25x to 1.25x its RAM." in text
+    assert "On q" not in text  # its RAM is not known
 
 
 def test_runtime_comparison_flags_poet_above_a_one_lever_method():
@@ -101,6 +108,16 @@ def test_capuchin_table_metrics_and_figure():
     assert capuchin_table(two).platform.tolist() == ["p"] * 3 + ["q"] * 3
     fig = capuchin_figure(two)
     assert [ax.get_title() for ax in fig.axes] == ["m on p", "m on q"]  # one panel per platform
+    plt.close(fig)
+    # POET solved without Capuchin's start: its own columns, gap, metrics and legend entry
+    cold = pd.concat([data, rows(row("poet_no_capuchin", 1.0, 1.0), row("poet_no_capuchin", 0.5, 1.3, gap=0.01),
+                                 row("poet_no_capuchin", 0.0, 1.004))], ignore_index=True)
+    table = capuchin_table(cold)
+    assert [c for c in table.columns if c.endswith("_overhead")] == ["poet_overhead", "poet_no_capuchin_overhead", "capuchin_overhead"]
+    assert table.poet_no_capuchin_overhead.iloc[1] == pytest.approx(0.3) and table.poet_no_capuchin_mip_gap.tolist() == [0.0, 0.01, 0.0]
+    assert capuchin_metrics(cold)["platforms"]["p"]["poet_no_capuchin"]["max_overhead"] == pytest.approx(0.3)
+    fig = capuchin_figure(cold)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][-3:] == ["POET", "POET, no Capuchin start", "Capuchin"]
     plt.close(fig)
 
 
@@ -201,6 +218,16 @@ def test_a_check_that_cannot_fail_is_labelled_by_construction():
     assert verdicts(small_outputs(poet_tight=1.03, page_all=0.05))["fig5_poet_overhead"].startswith("differs: ")
     # POET above Capuchin (outside its gap) is not by construction
     assert verdicts(small_outputs(poet_tight=1.5, capuchin_tight=1.2))["fig5_poet_below_capuchin"].startswith("differs: ")
+    # POET solved without Capuchin's start decides POET <= Capuchin, a check that can fail: below it, above it
+    # within its gap, above it outside its gap
+    def cold(energy, gap=0.0):
+        base = small_outputs(page_all=0.002)
+        return dataclasses.replace(base, capuchin=pd.concat([base.capuchin, rows(row("poet_no_capuchin", 1.0), row("poet_no_capuchin", 0.3, energy, gap=gap))],
+                                                            ignore_index=True))
+    assert verdicts(cold(1.5))["fig5_poet_below_capuchin"] == "reproduced"  # Capuchin at 1.9
+    assert verdicts(cold(1.91, gap=0.01))["fig5_poet_below_capuchin"].startswith("differs: POET's MILP without Capuchin's start stopped")
+    assert verdicts(cold(2.5))["fig5_poet_below_capuchin"].startswith("differs: without Capuchin's start POET's solve is above Capuchin")
+    assert "by construction" in claims_module.claims_table(cold(1.5)).set_index("key").ours["fig5_poet_below_capuchin"]
     # two platforms: by construction on p (paging everything costs 0.2%), not on q (5%): the row can fail, and held
     base = small_outputs(page_all=0.002)
     two = dataclasses.replace(base, capuchin=pd.concat([base.capuchin, base.capuchin.assign(platform="q")], ignore_index=True),
@@ -285,8 +312,9 @@ def test_every_preset_has_valid_reproduction_params():
             stage_config(stage, preset, PARAMS)
     frontier = stage_config("fig3_frontier", "default", PARAMS)
     assert isinstance(frontier, SweepConfig)
-    assert {m for m, _ in frontier.cases} == {"resnet18", "resnet50", "vgg16", "bert"}
-    assert {p for _, p in frontier.cases} == {"m0", "m4", "a72", "jetsontx2"}
+    grid = {(m, p) for m in ("resnet18", "resnet50", "vgg16", "bert") for p in ("m0", "m4", "a72", "jetsontx2")}
+    cortex_m = {(m, p) for m in ("resnet18_cifar", "bert_seq8") for p in ("m0", "m4")}  # extra_cases: the Cortex-M panels only
+    assert set(frontier.cases) == grid | cortex_m and len(frontier.cases) == len(grid) + len(cortex_m)
 
 
 @pytest.mark.parametrize(
@@ -296,6 +324,7 @@ def test_every_preset_has_valid_reproduction_params():
         ("fig3_frontier", "models", ["resnet1000"], "presets.smoke.fig3_frontier.models has unknown model 'resnet1000'"),
         ("fig3_frontier", "fractions", [], "presets.smoke.fig3_frontier.fractions is an empty grid"),
         ("fig3_frontier", "fractions", [0.5, 1.5], "presets.smoke.fig3_frontier.fractions has 1.5"),
+        ("fig3_frontier", "extra_cases", [["bert_seq8", "m5"]], "presets.smoke.fig3_frontier.extra_cases has unknown platform 'm5'"),
         ("fig4_runtime", "runtime_factors", [], "presets.smoke.fig4_runtime.runtime_factors is an empty grid"),
         ("fig4_runtime", "cases", [["linear", "nowhere"]], "presets.smoke.fig4_runtime.cases has unknown platform 'nowhere'"),
         ("fig4_runtime", "methods", ["poet", "dtr"], "presets.smoke.fig4_runtime.methods has unknown method 'dtr'"),
@@ -424,8 +453,9 @@ def test_smoke_fig5_capuchin(smoke_outputs):
     m = metrics(smoke_outputs, "fig5_capuchin")
     assert set(m["platforms"]) == {"a72", "m4"}
     for platform in ("a72", "m4"):
-        poet = m["platforms"][platform]["poet"]
-        assert poet["n_feasible"] == poet["n_budgets"] == 2
+        for method in ("poet", "poet_no_capuchin"):  # POET with and without Capuchin's schedule among its starts
+            poet = m["platforms"][platform][method]
+            assert poet["n_feasible"] == poet["n_budgets"] == 2
     assert m["platforms"]["a72"]["poet"]["max_overhead"] < 0.01  # the paper: under 1%
 
 
@@ -478,7 +508,9 @@ def test_smoke_claims_and_report(smoke_outputs):
     from poetlab.reproduction.cost_facts import paging_cost_table
     assert paging_cost_table("linear", ("a72",)).page_all_overhead.iloc[0] > 0.01
     assert m["verdicts"]["fig5_poet_overhead"] in ("reproduced", "differs")  # on the M4 it may exceed 1%: the check can fail
-    assert m["verdicts"]["fig3_frontier"] == m["verdicts"]["fig5_poet_below_capuchin"] == "holds by construction"
+    assert m["verdicts"]["fig3_frontier"] == "holds by construction"
+    # decided on POET solved without Capuchin's start (Fig. 5's separate row): a check that can fail
+    assert m["verdicts"]["fig5_poet_below_capuchin"] in ("reproduced", "differs")
     report = (smoke_outputs / "report.md").read_text()
     assert "## The paper's claims" in report
     for figure in ("fig3_frontier", "fig4_runtime", "fig5_capuchin"):

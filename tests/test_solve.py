@@ -11,11 +11,11 @@ import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.planners.poet import backends
-from poetlab.errors import InvalidArgumentError, PoetlabError
+from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.core.graph import min_footprint_bytes
-from poetlab.planners.poet.solver import solve
+from poetlab.planners.poet.solver import QUICK_STARTS, solve
 from poetlab.planners.poet.backends import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license, run_milp
 
 from small_graphs import mlp, residual
@@ -78,6 +78,32 @@ def test_fixes_are_respected_by_solver_and_simulator():
     assert with_params.status == "optimal"
     _replays(with_params, graph, costs, fixed_bytes=2 * graph.param_bytes)
     assert with_params.peak_ram_bytes <= budget + 2 * graph.param_bytes
+
+
+def test_exclude_starts_leaves_the_named_quick_starts_out(caplog):
+    """POET's solve starts from quick schedules, Capuchin's among them (so POET <= Capuchin by
+    construction); exclude_starts leaves named ones out, and only those."""
+    graph, costs, peak = _setup("linear", "m0")
+    footprint, _ = min_footprint_bytes(graph)
+    budget = footprint + (peak - footprint) // 5
+
+    def started(**kwargs):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="poetlab.poet_solver"):
+            result = solve(graph, costs, budget, 2.0, time_limit_s=4, **kwargs)
+        return result, [r.getMessage().split(" start: ")[0] for r in caplog.records if " start: " in r.getMessage()]
+
+    everything, names = started()
+    assert "Capuchin" in names and len(names) >= 3
+    only_capuchin, names = started(exclude_starts=[n for n in QUICK_STARTS if n != "capuchin"])
+    assert names == ["Capuchin"]
+    without, names = started(exclude_starts=("capuchin",))
+    assert names and "Capuchin" not in names
+    # where it starts changes the path, not the optimum
+    assert {everything.status, only_capuchin.status, without.status} == {"optimal"}
+    assert without.energy_j == pytest.approx(everything.energy_j, rel=1e-4) and only_capuchin.energy_j == pytest.approx(everything.energy_j, rel=1e-4)
+    with pytest.raises(UnknownNameError, match="unknown start 'capuchn'; valid starts: capuchin, dtr, eviction_cover"):
+        solve(graph, costs, budget, 2.0, exclude_starts=("capuchn",))
 
 
 def test_infeasible_budgets_explain_themselves():

@@ -17,12 +17,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
-from poetlab.planners.baselines.milp_variants import MILP_VARIANTS, solve_variant
+from poetlab.planners.baselines.milp_variants import INTEGRATED, MILP_VARIANTS, solve_variant
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
+from poetlab.progress import progress_bar
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.paper_models import build_paper_graph
 from poetlab.core.platforms import load_platform
@@ -91,21 +91,21 @@ def compare_methods(
     problems again with a quarter of the time limit): POET then gets the whole time limit for itself and
     is never above either restriction, time limit or not. The other methods are independent checks."""
     methods = check_methods(methods)
-    order = sorted(methods, key=lambda method: method == "poet")  # POET last, the rest as given
+    order = sorted(methods, key=lambda method: method in INTEGRATED)  # POET last, the rest as given
     plain = costs.plain_step_energy_j
     rows: dict[tuple[float, str], ComparisonRow] = {}
     ladder = list(zip(fractions, budget_ladder(graph, costs, fractions), strict=True))
     jobs = [(f, b, m) for f, b in ladder for m in order]
     starts: dict[float, list[Schedule]] = {f: [] for f, _ in ladder}
-    for fraction, ram_bytes, method in tqdm(jobs, desc=f"{graph.name}/{costs.platform}", unit="plan", leave=False):
+    for fraction, ram_bytes, method in progress_bar(jobs, desc=f"{graph.name}/{costs.platform}", unit="plan", leave=False):
         budgets = Budgets(ram_bytes, runtime_factor)
         common = dict(
             model=graph.name, platform=costs.platform, method=method, budget_fraction=float(fraction),
             ram_budget_bytes=ram_bytes, runtime_budget_factor=runtime_factor,
         )
         if method in MILP_VARIANTS:
-            solved = solve_variant(method, graph, costs, budgets, options, starts=starts[fraction] if method == "poet" else ())
-            if solved.schedule is not None:
+            solved = solve_variant(method, graph, costs, budgets, options, starts=starts[fraction] if method in INTEGRATED else ())
+            if solved.schedule is not None and method not in INTEGRATED:
                 starts[fraction].append(solved.schedule)
             sim, status, gap, seconds, reason = solved.simulation, solved.status, solved.mip_gap, solved.solve_time_s, solved.message
         else:
@@ -141,7 +141,7 @@ def comparison_table(
     options = PlanOptions(time_limit_s=time_limit_s, threads=threads)
     rows = [
         asdict(row)
-        for graph, platform in tqdm(pairs, desc="comparison", unit="case")
+        for graph, platform in progress_bar(pairs, desc="comparison", unit="case")
         for row in compare_methods(graph, CostModel.from_flops(graph, platform), fractions, runtime_factor, methods, options)
     ]
     return pd.DataFrame(rows, columns=[field for field in ComparisonRow.__dataclass_fields__])

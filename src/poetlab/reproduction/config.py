@@ -205,10 +205,13 @@ def _sweep_config(s: _Section, methods: Sequence[str], vary: str) -> SweepConfig
     """``vary`` is the budget the stage sweeps: ``memory`` (fractions) or ``runtime`` (factors)."""
     common = ("time_limit_s", "mip_gap", "threads", "workers", "batch_size", "runtime_factors" if vary == "runtime" else "runtime_factor")
     if vary == "memory":
-        s.only("models", "platforms", "fractions", *common)
+        s.only("models", "platforms", "fractions", "extra_cases", *common)
         models = s.names("models", tuple(PAPER_MODELS), "model")
         platforms = s.names("platforms", available_platforms(), "platform")
         cases = tuple((m, p) for p in platforms for m in models)
+        # (model, platform) pairs beside the grid (optional), e.g. the Cortex-M candidates on the Cortex-M panels only
+        extra = _cases(s, "extra_cases") if "extra_cases" in s.values else ()
+        cases += tuple(case for case in dict.fromkeys(extra) if case not in cases)
         fractions = s.grid("fractions", 0.0, 1.0)
         factors = (float(s.number("runtime_factor", 1.0)),)
         chosen = tuple(methods)
@@ -386,7 +389,7 @@ STAGES: Mapping[str, Callable[[_Section], object]] = {
     "table2_platforms": _platforms_config,
     "fig3_frontier": lambda s: _sweep_config(s, ("poet",), "memory"),
     "fig4_runtime": lambda s: _sweep_config(s, tuple(MILP_VARIANTS), "runtime"),
-    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "capuchin"), "platforms"),
+    "fig5_capuchin": lambda s: _pair_config(s, ("poet", "poet_no_capuchin", "capuchin"), "platforms"),
     "table3_pofo": lambda s: _pair_config(s, ("poet", "pofo_time")),
     "feasibility": _feasibility_config,
     "claims": _claims_config,

@@ -89,3 +89,34 @@ def device_ram_bytes(platforms: Sequence[str]) -> dict[str, float | None]:
     from poetlab.core.platforms import load_platform
 
     return {name: load_platform(name).ram_bytes for name in platforms}
+
+
+def frontier_conclusion(rows: pd.DataFrame, ram_bytes: Mapping[str, float | None]) -> str:
+    """The figure's closing text, computed from its rows (Markdown): how many budgets POET met, the largest
+    energy overhead per platform, the points stopped at the time limit, and per platform whose RAM is known,
+    which models' smallest POET peak fits in it and how far above it the others stay."""
+    poet = rows[rows.method == "poet"]
+    feasible = poet[poet.feasible]
+    lines = [f"POET has a schedule at {len(feasible)} of {len(poet)} budgets (model, platform, memory budget), every one within the runtime budget."]
+    overheads = "; ".join(f"{platform} {100 * case.energy_overhead.max():.3g}%" for platform, case in feasible.groupby("platform", sort=False))
+    lines.append(f"Largest energy over one plain step, per platform: {overheads}.")
+    stopped = poet[poet.status == "time_limit"]
+    if len(stopped):
+        worst = stopped.loc[stopped.mip_gap.idxmax()]
+        lines.append(f"{len(stopped)} solves stopped at the time limit before they were certified (ringed; the largest MIP gap, "
+                     f"{100 * worst.mip_gap:.3g}%, is {worst.model} on {worst.platform} at fraction {worst.budget_fraction:g}).")
+    fitting = []
+    for platform, case in feasible.groupby("platform", sort=False):
+        ram = ram_bytes.get(platform)
+        if not ram:
+            continue
+        smallest = case.groupby("model", sort=False).peak_ram_bytes.min()
+        fits = [f"{model} ({int(peak):,} bytes)" for model, peak in smallest.items() if peak <= ram]
+        above = smallest[smallest > ram] / ram
+        text = f"On {platform} ({int(ram):,} bytes of RAM) " + (f"{', '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else "no model fits")
+        if len(above):
+            text += f"; the {'other ' if fits else ''}models' smallest peaks are {above.min():.3g}x to {above.max():.3g}x its RAM"
+        fitting.append(text + ".")
+    if fitting:
+        lines += ["Each model's smallest peak against the device's RAM (the step's tensors: as in the paper, parameters are not in the budget).", *fitting]
+    return " ".join(lines)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from poetlab.core.costs import CostModel
 from poetlab.core.paper_models import build_paper_graph
@@ -32,6 +31,7 @@ from poetlab.core.platforms import Platform, load_platform
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.planners.baselines import PlanOptions
 from poetlab.planners.comparison import ComparisonRow, compare_methods
+from poetlab.progress import progress_bar
 from poetlab.reproduction.config import SweepConfig
 from poetlab.reproduction.params import PARAMS_FILE, load_params
 
@@ -143,7 +143,7 @@ def run_tasks(solve: Callable[[Any], Any], tasks: Sequence[Any], *, processes: i
         return _run_on_cluster(solve, tasks, cluster, threads, desc)
     if processes <= 1 or len(tasks) <= 1:
         log.info("%s: %d tasks in this process", desc, len(tasks))
-        return [solve(task) for task in tqdm(tasks, desc=desc, unit="task")]
+        return [solve(task) for task in progress_bar(tasks, desc=desc, unit="task")]
     log.info("%s: %d tasks on %d local processes", desc, len(tasks), min(processes, len(tasks)))
     results: list[Any] = [None] * len(tasks)
     # spawned, not forked: the caller may be a Jupyter kernel with threads and signal handlers of its own
@@ -151,7 +151,7 @@ def run_tasks(solve: Callable[[Any], Any], tasks: Sequence[Any], *, processes: i
     with ProcessPoolExecutor(max_workers=min(processes, len(tasks)), mp_context=context) as pool:
         futures = {pool.submit(solve, task): i for i, task in enumerate(tasks)}
         try:
-            for future in tqdm(as_completed(futures), desc=desc, unit="task", total=len(tasks)):
+            for future in progress_bar(as_completed(futures), desc=desc, unit="task", total=len(tasks)):
                 results[futures[future]] = future.result()
         except BaseException:
             pool.shutdown(cancel_futures=True)
@@ -187,7 +187,7 @@ def _run_on_cluster(solve: Callable[[Any], Any], tasks: Sequence[Any], address: 
         del pending  # from here on a finished task's only reference is the one released below
         results: list[Any] = [None] * len(tasks)
         try:
-            for future, result in tqdm(finished, desc=desc, unit="task", total=len(tasks)):
+            for future, result in progress_bar(finished, desc=desc, unit="task", total=len(tasks)):
                 results[order[future.key]] = result
                 future.release()  # its result is here: the cluster forgets it and never recomputes it
         except KilledWorker as exc:

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from poetlab.core.files import write_text_atomic
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError
+from poetlab.progress import progress_bar
 from poetlab.core.paper_models import build_paper_graph
 from poetlab.core.platforms import load_platform
 from poetlab.core.summary import summarize_graph
@@ -32,7 +32,7 @@ def graph_table(
     graphs = [build_paper_graph(model, batch_size) for model in models]
     rows = [
         summarize_graph(graph, CostModel.from_flops(graph, platform)).to_dict()
-        for graph in tqdm(graphs, desc="graphs", unit="model")
+        for graph in progress_bar(graphs, desc="graphs", unit="model")
         for platform in specs
     ]
     return pd.DataFrame(rows)

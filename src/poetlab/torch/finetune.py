@@ -95,7 +95,7 @@ def compare_training(
     """Train copies of ``module`` plainly and under ``schedule`` on ``batches``; ``module`` is left as is.
     Runs with ``torch.use_deterministic_algorithms(True)`` (restored after), without which the two sides
     need not agree bit for bit. ``options`` go to :class:`ScheduleExecutor` (``prefetch``, ``paging_dir``, ...)."""
-    from tqdm.auto import tqdm
+    from poetlab.progress import progress_bar
 
     def run(measure: bool):
         """One pass over the batches, plain then scheduled per batch, from fresh copies."""
@@ -104,7 +104,7 @@ def compare_training(
         executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)  # type: ignore[arg-type]
         rows = []
         last = None
-        for inputs, targets in tqdm(batches, desc="training (plain and scheduled)", disable=not progress, leave=False):
+        for inputs, targets in progress_bar(batches, desc="training (plain and scheduled)", disable=not progress, leave=False):
             rng = torch.get_rng_state()
             plain_opt.zero_grad(set_to_none=True)
             if measure:

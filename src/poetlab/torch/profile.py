@@ -246,8 +246,7 @@ def profile_model(
 ):
     """(graph, ModelProfile): the traced graph and each node's measured runtime and energy, plus one whole
     step's runtime. Leaves the module's parameters, buffers and gradients as they were."""
-    from tqdm.auto import tqdm
-
+    from poetlab.progress import progress_bar
     from poetlab.torch.probes import restored_state
     from poetlab.torch.trace import trace_step
 
@@ -258,7 +257,7 @@ def profile_model(
     timings = []
     try:
         with restored_state(module), planned_kernels():  # (the executor's kernels)
-            for index in tqdm(range(graph.n_nodes), desc=f"profiling {name}", disable=not progress, leave=False):
+            for index in progress_bar(range(graph.n_nodes), desc=f"profiling {name}", disable=not progress, leave=False):
                 node = graph.nodes[index]
                 if node.kind == "input":
                     timings.append(NodeTiming(node.name, 0.0, 0.0))

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from poetlab.errors import InvalidArgumentError, PoetlabError
 from poetlab.planners.poet.milp import MilpModel
+from poetlab.progress import progress_bar
 
 log = logging.getLogger("poetlab.solvers")
 
@@ -207,7 +207,7 @@ def _solve_highs(
         "mip_gap": mip_gap, "threads": threads, "verbose": verbose, "start": start, "options": options or {},
     }
     # elapsed seconds against the time limit, and the best energy so far; silent when not on a terminal
-    progress = tqdm(total=round(time_limit_s), unit="s", desc="HiGHS", leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
+    progress = progress_bar(total=round(time_limit_s), unit="s", desc="HiGHS", leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
     try:
         try:
             pickle.dump(request, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)

@@ -32,7 +32,7 @@ import numpy as np
 
 from poetlab.planners.poet.bounds import cover_schedules, eviction_bound
 from poetlab.core.costs import CostModel, check_graph_and_costs
-from poetlab.errors import InvalidArgumentError, PoetlabError
+from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
@@ -53,6 +53,8 @@ RELAXATION_SHARE = 0.4
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
 RELAXATION_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
+#: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
+QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,7 @@ def solve(
     staged: bool = True,
     starts: Sequence[Schedule] = (),
     bound: str = "eviction",
+    exclude_starts: Sequence[str] = (),
 ) -> SolveResult:
     """The minimum-energy schedule of ``graph`` within ``ram_budget_bytes`` and ``runtime_budget_factor``
     times one plain step. Faithful to the POET release unless one of the fix options is set (see
@@ -173,9 +176,14 @@ def solve(
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
     from: each is replayed within the budgets, and the cheapest that fits competes with the greedy and
     staged starts. The result is never more expensive than the best start, time limit or not.
+    ``exclude_starts`` leaves out quick starts by name (:data:`QUICK_STARTS`), e.g. ``("capuchin",)`` to
+    compare POET with Capuchin on a solve that did not start from Capuchin's schedule.
     """
     check_graph_and_costs("solve", graph, costs)
     _check(ram_budget_bytes, runtime_budget_factor, solver, time_limit_s, mip_gap, threads, bound)
+    for name in exclude_starts:
+        if name not in QUICK_STARTS:
+            raise UnknownNameError("start", name, QUICK_STARTS)
     if compression and costs.compression is None:
         raise InvalidArgumentError("compression needs compression costs in the cost model: CostModel.with_compression(compression_costs(...))")
     started = time.perf_counter()
@@ -249,7 +257,7 @@ def solve(
     if bound == "eviction":
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s)
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -273,7 +281,7 @@ def solve(
         plain = solve(
             graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
             charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
-            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts, bound=bound,
+            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts, bound=bound, exclude_starts=exclude_starts,
         )
         log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
         if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
@@ -290,7 +298,7 @@ def solve(
             if proven():
                 break
             restricted = solve(
-                graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time,
+                graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time, exclude_starts=exclude_starts,
                 charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
                 time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
             )
@@ -353,14 +361,15 @@ def solve(
 
 
 def _best_start(
-    graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf
+    graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
 ) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
     or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
     DTR and greedy remat (remat), Capuchin (remat and paging). Each takes milliseconds to a second and
     they are often close to the optimum at tight budgets, where HiGHS can spend its whole time limit
     before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
-    once one start exists. The methods stay independent baselines in the comparison too."""
+    once one start exists. The methods stay independent baselines in the comparison too. Those named in
+    ``exclude`` (:data:`QUICK_STARTS`) are skipped."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.planners.baselines import capuchin, dtr
     from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
@@ -379,6 +388,9 @@ def _best_start(
         candidates.append(("Capuchin", lambda: [capuchin.plan(graph, costs, budgets)]))
     best: tuple[Schedule | None, SimulationResult | None] = (None, None)
     for name, make in candidates:
+        if name.lower().replace(" ", "_") in exclude:
+            log.info("the %s start is left out (exclude_starts)", name)
+            continue
         if best[0] is not None and time.perf_counter() > deadline:
             log.info("time limit reached: the %s start and those after it are skipped", name)
             break
