@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from poetlab.torch.allocations import quiet_profiler_stderr
+
 _PHASE_PREFIX = "poetlab.phase:"
 
 
@@ -42,8 +44,14 @@ class MemoryMeasurement:
 
 def measure_peak_bytes(work: Callable[[], object]) -> MemoryMeasurement:
     """Run ``work()`` under the profiler and return the peaks of its running allocation sum."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with quiet_profiler_stderr():
+        prof.start()
+    try:
         work()
+    finally:
+        with quiet_profiler_stderr():
+            prof.stop()
     events = sorted(prof.profiler.kineto_results.events(), key=lambda event: event.start_ns())
     phases = [
         (event.name()[len(_PHASE_PREFIX):], event.start_ns(), event.start_ns() + event.duration_ns())

@@ -86,7 +86,7 @@ def _allocated_in_block(events: list[tuple[int, int, int]]) -> list[tuple[int, i
 
 
 @contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_profiler_stderr() -> Iterator[None]:
     """File descriptor 2 sent to /dev/null: the pinned torch's profiler prints a "USDT: ... profiler_start"
     (and "profiler_stop") line to the process's stderr, from C++, each time it starts and stops, which
     would break every command's one-line output. Only the profiler's start and stop run inside."""
@@ -106,12 +106,12 @@ def measure_allocations() -> Iterator[AllocationPeak]:
     """Context manager yielding an :class:`AllocationPeak` that is filled in at exit."""
     result = AllocationPeak()
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
-    with _quiet_stderr():
+    with quiet_profiler_stderr():
         prof.start()
     try:
         yield result
     finally:
-        with _quiet_stderr():
+        with quiet_profiler_stderr():
             prof.stop()
     events: list[tuple[int, int, int]] = []
     results = getattr(prof.profiler, "kineto_results", None)
