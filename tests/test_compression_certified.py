@@ -44,7 +44,7 @@ def test_compression_is_certified_below_poets_optimum_on_vgg16_and_runs_with_aut
         costs = CostModel.from_flops(graph, platform).with_compression(compression_costs(graph, platform, densities, 0.1))
         peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
         footprint, _ = min_footprint_bytes(graph)
-        budget = int(footprint + FRACTION * (peak - footprint)) + graph.workspace_bytes  # (solve keeps the workspace free)
+        budget = int(footprint + FRACTION * (peak - footprint)) + graph.reserved_bytes  # (solve keeps these free)
 
         poet = solve(graph, costs, budget, time_limit_s=40, threads=1)
         assert poet.status == "optimal" and poet.bound_j is not None  # the bound is POET's optimum

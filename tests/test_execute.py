@@ -174,7 +174,7 @@ def test_milp_schedule_and_a_schedule_mixing_recompute_and_paging():
     which recomputes and pages in one step. (With a traced graph's gradients pinned, POET's MILP picks
     one lever or the other on this small model.)"""
     module, inputs, targets, graph, costs = _traced("resnet", True, platform="m4")
-    solved = poetlab.solve(graph, costs, 0.45 * _full(graph, costs) + graph.workspace_bytes, time_limit_s=10)  # (solve keeps the workspace free)
+    solved = poetlab.solve(graph, costs, 0.45 * _full(graph, costs) + graph.reserved_bytes, time_limit_s=10)  # (solve keeps these free)
     assert solved.schedule is not None and solved.n_pageouts > 0
     _, _, _, _, a72 = _traced("resnet", True, platform="a72")
     mixed = capuchin.plan(graph, a72, Budgets(0.55 * _full(graph, a72), None))
@@ -539,7 +539,7 @@ def _check_compressed_step(schedule, graph, costs, module, inputs, targets):
 def test_milp_schedule_with_compression_runs_compressed():
     """POET+compression's own schedule: the ReLU outputs it keeps compressed come back bit for bit."""
     module, inputs, targets, graph, costs, _ = _compression_case()
-    solved = poetlab.solve(graph, costs, 0.9 * _full(graph, costs) + graph.workspace_bytes, 2.0, compression=True, time_limit_s=8)
+    solved = poetlab.solve(graph, costs, 0.9 * _full(graph, costs) + graph.reserved_bytes, 2.0, compression=True, time_limit_s=8)
     assert solved.schedule is not None and solved.n_compresses > 0
     _check_compressed_step(solved.schedule, graph, costs, module, inputs, targets)
 

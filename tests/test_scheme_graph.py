@@ -134,9 +134,9 @@ def test_poet_schedule_on_the_scheme_graph_runs_with_autograds_gradients(cnn, wh
     full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     footprint, _ = min_footprint_bytes(graph)
     assert footprint < full
-    budget = footprint + 0.5 * (full - footprint) + graph.workspace_bytes  # (solve keeps the workspace free)
+    budget = footprint + 0.5 * (full - footprint) + graph.reserved_bytes  # (solve keeps these free)
     solved = poetlab.solve(graph, costs, budget, time_limit_s=10, threads=1, solver="highs")
-    assert solved.schedule is not None and solved.peak_ram_bytes <= budget < full + graph.workspace_bytes
+    assert solved.schedule is not None and solved.peak_ram_bytes <= budget < full + graph.reserved_bytes
     assert solved.n_recomputes + solved.n_pageouts > 0
     rng = torch.get_rng_state()
     reference = copy.deepcopy(sg.module)
@@ -176,7 +176,7 @@ def test_frontier_plans_sparse_update_on_the_schemes_graph():
     assert 0 < sparse.param_bytes < graph.param_bytes
     platform = poetlab.load_platform("m4")
     costs = poetlab.CostModel.from_flops(graph, platform)
-    budget = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes + graph.workspace_bytes  # (kept free by the planner)
+    budget = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes + graph.reserved_bytes  # (kept free by the planner)
     table = frontier_table(graph, platform, {}, [budget], sparse_graph=sparse, time_limit_s=5, threads=1, solver="highs").set_index("method")
     assert table.feasible.all()
     assert table.energy_j["sparse update"] < table.energy_j["poet"] and table.peak_ram_bytes["sparse update"] < table.peak_ram_bytes["poet"]
