@@ -1,4 +1,5 @@
-"""An autoencoder whose decoder reuses the encoder's weight transposed (weight tying through ``F.linear``)."""
+"""An autoencoder whose decoder reuses the encoder's weight transposed (weight tying through ``F.linear``),
+after a feature layer whose activations a planner can recompute or page while the decoder's backward runs."""
 
 import torch
 from torch import nn
@@ -8,11 +9,12 @@ from torch.nn import functional as F
 class TiedAutoencoder(nn.Module):
     def __init__(self, features: int = 128, hidden: int = 32):
         super().__init__()
+        self.features = nn.Sequential(nn.Linear(features, features), nn.Tanh(), nn.Linear(features, features), nn.Tanh())
         self.encoder = nn.Linear(features, hidden)
         self.decoder_bias = nn.Parameter(torch.zeros(features))
 
     def forward(self, x):
-        h = torch.tanh(self.encoder(x))
+        h = torch.tanh(self.encoder(self.features(x)))
         return F.linear(h, self.encoder.weight.t(), self.decoder_bias)
 
 

@@ -142,3 +142,43 @@ def test_faithful_mode_has_the_release_formulations_optimum(model_name, platform
     assert status == "Optimal" and ours.status == "optimal"
     assert release > costs.plain_step_energy_j * (1 + 1e-6)  # the budget binds
     assert ours.objective == pytest.approx(release, rel=1e-6)
+
+
+def _with_workspace(graph, workspace):
+    """``graph`` with a measured workspace per node (as ``poetlab.torch.trace`` records it)."""
+    from poetlab.core.graph import TrainingGraph
+
+    by_name = {node.name: int(w) for node, w in zip(graph.nodes, workspace, strict=True)}
+    return TrainingGraph(graph.name, graph.nodes, dict(graph.metadata, workspace_by_node=by_name))
+
+
+def test_each_nodes_workspace_counts_while_it_runs_in_the_milp_as_in_the_simulator():
+    """Per-operation workspace: the simulator counts node i's workspace beside what is live while i computes,
+    and the MILP's memory rows do the same (U[t, k] holds R[t, k] w_k), so checkpoint-all fits exactly at its
+    simulated peak, not a byte below; a solved schedule replays inside the budget; and the workspace of a
+    node moves the peak only where that node runs."""
+    plain = residual()
+    costs = CostModel.from_flops(plain, load_platform("a72"))
+    rng = np.random.default_rng(0)
+    workspace = rng.integers(0, 2 * int(plain.output_bytes.max()), plain.n_nodes)
+    graph = _with_workspace(plain, workspace)
+    schedule = checkpoint_all_schedule(graph)
+    sim, tensors = simulate(schedule, graph, costs), simulate(schedule, plain, costs)
+    computes = [k for k, op in enumerate(schedule.ops) if op.kind.value == "compute"]
+    assert np.array_equal(sim.memory_trace_bytes[computes] - tensors.memory_trace_bytes[computes], workspace[[schedule.ops[k].node for k in computes]])
+    assert sim.peak_ram_bytes > tensors.peak_ram_bytes
+    at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes, paging=False))
+    assert _feasible(at_peak, at_peak.encode(schedule.matrices().as_dict()))[0]
+    below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes - 1, paging=False))
+    assert not _feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+    footprint, _ = min_footprint_bytes(graph)
+    budget = int(footprint + 0.3 * (sim.peak_ram_bytes - footprint))
+    from poetlab import solve
+
+    solved = solve(graph, costs, budget, time_limit_s=30)
+    assert solved.schedule is not None and solved.status == "optimal"
+    assert simulate(solved.schedule, graph, costs, ram_budget_bytes=budget).peak_ram_bytes <= budget
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget))
+    assert _feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]
+    # the paper's graphs (no workspace) get the very same matrix as before
+    assert (build_milp(plain, costs, MilpOptions(ram_budget_bytes=budget)).A != build_milp(_with_workspace(plain, 0 * workspace), costs, MilpOptions(ram_budget_bytes=budget)).A).nnz == 0

@@ -154,14 +154,44 @@ class TrainingGraph:
 
     @property
     def param_bytes(self) -> int:
+        """Bytes of the step's parameters, each storage once: a traced graph records each node's parameter
+        names (``metadata["param_names"]``) and their sizes (``metadata["param_sizes"]``), so a parameter
+        that several nodes use (weight tying, a module called twice) counts once; other graphs sum
+        ``Node.param_bytes``."""
+        names, sizes = self.metadata.get("param_names"), self.metadata.get("param_sizes")
+        if isinstance(names, dict) and isinstance(sizes, dict):
+            used = {q for node_names in names.values() for q in node_names}
+            return int(sum(int(sizes[q]) for q in used if q in sizes))
         return sum(node.param_bytes for node in self.nodes)
+
+    @cached_property
+    def workspace(self) -> np.ndarray:
+        """Per node, the transient workspace its operation allocates while it computes (forward, rerun or
+        backward) and frees before it returns: measured by ``poetlab.torch.trace``
+        (``metadata["workspace_by_node"]``, :mod:`poetlab.torch.workspace`), 0 for graphs that do not say
+        (the paper's models, whose costs count tensors only). :func:`poetlab.core.schedule.simulate` and
+        the POET MILP count node ``i``'s workspace at the moment it computes, beside what is live then."""
+        by_name = self.metadata.get("workspace_by_node") or {}
+        if not isinstance(by_name, dict):
+            raise GraphFileError(f"training graph {self.name!r}: metadata workspace_by_node must map node names to bytes")
+        return _readonly(np.array([int(by_name.get(node.name, 0) or 0) for node in self.nodes], dtype=np.int64))
 
     @property
     def workspace_bytes(self) -> int:
-        """The largest transient workspace of one operation, which :func:`poetlab.solve` keeps free beside
-        the graph's tensors: measured by ``poetlab.torch.trace`` (``poetlab.torch.workspace``), 0 for
-        graphs that do not say (the paper's models, whose costs count tensors only)."""
-        return int(self.metadata.get("workspace_bytes", 0) or 0)
+        """The largest workspace of one operation (:attr:`workspace`): 0 on the paper's graphs."""
+        return int(self.workspace.max(initial=0))
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes held beside the graph's tensors and workspaces that no schedule moves, which
+        :func:`poetlab.solve` keeps free for the whole step: the RNG states an executor saves to replay
+        dropout in a rerun (``metadata["rng_state_bytes"]``) and the gradient contributions autograd holds
+        for a parameter that several nodes use until it sums them (``metadata["shared_gradient_bytes"]``;
+        both :mod:`poetlab.torch.workspace`), and a margin for what an executor allocates that the
+        simulator does not see (``metadata["executor_margin_bytes"]``: one operation's largest workspace;
+        a schedule that recomputes or pages measured up to 9% over its simulated peak without it, the
+        executor's own temporaries around reruns and page-ins); 0 elsewhere."""
+        return sum(int(self.metadata.get(key, 0) or 0) for key in ("rng_state_bytes", "shared_gradient_bytes", "executor_margin_bytes"))
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:
@@ -261,9 +291,11 @@ def _node_from_dict(n: object, where: str) -> Node:
 
 
 def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
-    """(bytes, node): the largest output-plus-inputs of any node, which any schedule must hold at once."""
+    """(bytes, node): the largest output-plus-inputs (plus the node's workspace, :attr:`TrainingGraph.workspace`)
+    of any node, which any schedule must hold at once."""
     sizes = graph.output_bytes
-    footprint = np.array([sizes[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
+    workspace = graph.workspace
+    footprint = np.array([sizes[i] + workspace[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
     node = int(footprint.argmax())
     return int(footprint[node]), node
 

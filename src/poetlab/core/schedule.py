@@ -333,7 +333,9 @@ class SimulationResult:
     ``runtime_s`` adds compute, paging and compression time as if they ran one after the other;
     ``compute_time_s`` is what the release's runtime budget counts (compression time, being processor
     work, is added to it in the budget check). ``energy_j`` includes ``compression_energy_j``. ``memory_trace_bytes[k]`` is the
-    RAM in use right after operation k (before any free that follows it), fixed bytes included.
+    RAM in use right after operation k (before any free that follows it), fixed bytes included; for a compute,
+    the node's workspace too (:attr:`TrainingGraph.workspace`: allocated beside its inputs and output while it
+    runs, 0 on the paper's graphs).
     """
 
     energy_j: float
@@ -368,7 +370,7 @@ def simulate(
     cannot run: a node computed while an input is not in RAM, a free or page-out of a tensor not in RAM,
     a page-in of a tensor never paged out, a compress, decompress or compressed free that the tensor's
     state or the cost model (no compression costs, or not allowed for that node) does not permit, RAM above ``ram_budget_bytes`` (``fixed_bytes``, e.g.
-    parameters and gradients, counted in), a node never computed, or a runtime above
+    parameters and gradients, counted in, and a computing node's workspace), a node never computed, or a runtime above
     ``runtime_budget_s`` (compute time, plus paging time when ``count_paging_time``)."""
     check_graph_and_costs("simulate", graph, costs)
     if not isinstance(schedule, Schedule):
@@ -381,6 +383,7 @@ def simulate(
     if schedule.n_nodes != T or costs.n_nodes != T:
         raise InvalidScheduleError(0, None, f"schedule has {schedule.n_nodes} nodes, graph {T}, costs {costs.n_nodes}")
     nbytes = graph.output_bytes
+    workspace = graph.workspace
     inputs = [tuple(set(node.inputs)) for node in graph.nodes]
     in_ram = np.zeros(T, dtype=bool)
     on_flash = np.zeros(T, dtype=bool)
@@ -470,9 +473,12 @@ def simulate(
             pagein_energy += costs.pagein_energy_j[i]
             paging_time += costs.pagein_time_s[i]
             n_pageins += 1
-        trace[step] = used
-        if ram_budget_bytes is not None and used > ram_budget_bytes:
-            raise InvalidScheduleError(step, op, f"RAM in use {used:,} bytes exceeds the budget {int(ram_budget_bytes):,} bytes")
+        # (a computing node's workspace is in use while it runs, and freed before the next operation)
+        now = used + int(workspace[i]) if op.kind is OpKind.COMPUTE else used
+        trace[step] = now
+        if ram_budget_bytes is not None and now > ram_budget_bytes:
+            what = f" ({int(workspace[i]):,} of them the workspace of {graph.nodes[i].name})" if now > used else ""
+            raise InvalidScheduleError(step, op, f"RAM in use {now:,} bytes{what} exceeds the budget {int(ram_budget_bytes):,} bytes")
     never = np.flatnonzero(~computed)
     if never.size:
         raise InvalidScheduleError(len(schedule.ops), None, f"node {graph.nodes[never[0]].name} (node {never[0]}) is never computed")

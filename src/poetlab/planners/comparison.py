@@ -57,15 +57,16 @@ class ComparisonRow:
 
 
 def budget_ladder(graph: TrainingGraph, costs: CostModel, fractions: Iterable[float]) -> list[int]:
-    """RAM budgets (bytes) at ``fractions`` of the way from the smallest footprint to checkpoint-all's peak,
-    each with the workspace :func:`poetlab.solve` keeps free added (``graph.workspace_bytes``: measured
-    on traced graphs, 0 on the paper's), so fraction 0 is the smallest budget a planner can meet."""
+    """RAM budgets (bytes) at ``fractions`` of the way from the smallest footprint to checkpoint-all's peak
+    (both with each operation's workspace, :attr:`TrainingGraph.workspace`, 0 on the paper's graphs), each with
+    the bytes :func:`poetlab.solve` keeps free for the whole step added (``graph.reserved_bytes``), so fraction
+    0 is the smallest budget a planner can meet."""
     fractions = list(fractions)
     if not fractions or any(not 0 <= f <= 1 for f in fractions):
         raise InvalidArgumentError(f"budget fractions must be a non-empty list of numbers in [0, 1], got {fractions!r}")
     peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     footprint, _ = min_footprint_bytes(graph)
-    return [int(graph.workspace_bytes + footprint + f * (peak - footprint)) for f in fractions]
+    return [int(graph.reserved_bytes + footprint + f * (peak - footprint)) for f in fractions]
 
 
 def check_methods(methods: Iterable[str]) -> tuple[str, ...]:

@@ -5,8 +5,9 @@ tightest budget that POET met: the same training steps plainly and under the sch
 (:func:`poetlab.torch.finetune.compare_training`), so the stage checks what a user relies on, gradients
 unchanged and the measured peak inside the budget, not only what the simulator predicts.
 
-Budgets are the user's RAM (:func:`poetlab.planners.comparison.budget_ladder`): each includes the
-one-operation workspace the planner keeps free, so the executed peak is compared with the whole budget."""
+Budgets are the user's RAM (:func:`poetlab.planners.comparison.budget_ladder`): the simulator and the planner
+count each operation's workspace while it runs, and the RNG states kept for dropout's reruns, so the executed
+peak is compared with the whole budget."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 from torch import fx, nn
-from torch.nn.utils.stateless import _reparametrize_module  # (a private helper of the pinned torch)
 
 from poetlab.errors import PoetlabError
 
@@ -199,14 +198,25 @@ class _Tracer(fx.Tracer):
                     # (on fake parameters and buffers: a BatchNorm's statistics stay as they are; its forward
                     # alone: the user's hooks on it see the real step, not this)
                     module = self.root.get_submodule(target)
-                    state = {k: self._to_fake(v) for k, v in [*module.named_parameters(), *module.named_buffers()]}
-                    with _reparametrize_module(module, state):
-                        return module.forward(*fake_args, **fake_kwargs)
+                    state = {f"module.{k}": self._to_fake(v) for k, v in [*module.named_parameters(), *module.named_buffers()]}
+                    return torch.func.functional_call(_ForwardOnly(module), state, tuple(fake_args), fake_kwargs, tie_weights=False)
         except Exception:  # (data-dependent or unsupported on fake tensors: symbolic, as plain fx)
             return _UNKNOWN
         finally:
             self._faking = False
         return _UNKNOWN
+
+
+class _ForwardOnly(nn.Module):
+    """Holds a module and runs its ``forward`` alone, so that :func:`torch.func.functional_call` (which calls
+    the module it is given, hooks included) runs the module on fake state without the user's hooks."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        return self.module.forward(*args, **kwargs)
 
 
 def _user_frame(exc: BaseException) -> str:

@@ -174,6 +174,10 @@ def node_probe(traced: TracedStep, index: int) -> NodeProbe:
             out = None
             for m in members:
                 out = env[m] = interpreter.run_node(m) if m.op != "placeholder" else values[m.name]
+            # (a member's value that nothing saved is freed on return, as in a real step: a fused group's
+            # inner tensors are its workspace, poetlab.torch.workspace, not memory it keeps)
+            interpreter.env = {}
+            env.clear()
             return out
 
     return NodeProbe(forward=forward, grad_targets=lambda: [*leaves, *params], is_backward=node.is_backward)

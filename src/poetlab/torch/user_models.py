@@ -2,8 +2,8 @@
 
 The contract: the file defines ``FUNCTION()`` (no arguments) returning ``(module, inputs, targets,
 loss_fn)``: an ``nn.Module`` in the mode to train in, the example batch (a tensor or a tuple of tensors:
-the module's positional inputs), the targets (anything ``loss_fn`` takes; not None: the executor calls
-``loss_fn(output, targets)``) and ``loss_fn`` returning a scalar tensor. The
+the module's positional inputs), the targets (anything ``loss_fn`` takes, or None for a loss of the output
+alone, ``loss_fn(output)``) and ``loss_fn`` returning a scalar tensor. The
 example batch fixes the shapes: the graph is traced, planned and executed at them. ``examples/`` holds
 models written to it; every command that takes a model name takes such a spec instead
 (``poetlab solve --model examples/unet.py:make ...``), and so do :func:`poetlab.torch.models.build_torch_model`
@@ -24,7 +24,7 @@ from torch import nn
 
 from poetlab.errors import InvalidArgumentError
 
-__all__ = ["UserModel", "is_user_model", "load_user_model", "user_model_name"]
+__all__ = ["OutputOnlyLoss", "UserModel", "is_user_model", "load_user_model", "user_model_name"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,18 @@ class UserModel:
     inputs: torch.Tensor | tuple[torch.Tensor, ...]
     targets: object
     loss_fn: Callable
+
+@dataclass(frozen=True)
+class OutputOnlyLoss:
+    """A model file's ``loss_fn(output)`` (its targets are None) taking the step's ``(output, targets)``: every
+    caller of a loss (tracer, executor, plain step) calls it as ``loss_fn(output, targets)`` or
+    ``loss_fn(output)``."""
+
+    loss_fn: Callable
+
+    def __call__(self, output: object, targets: object = None) -> torch.Tensor:
+        return self.loss_fn(output)
+
 
 _SPEC = re.compile(r"^(?P<path>.+\.py)(:(?P<function>[A-Za-z_][A-Za-z0-9_]*))?$")
 
@@ -102,8 +114,8 @@ def load_user_model(spec: str):
         raise InvalidArgumentError(f"{path}:{function} must return an nn.Module first, got {type(module).__name__}")
     if not _tensors(inputs):
         raise InvalidArgumentError(f"{path}:{function}'s inputs must be a tensor or a tuple of tensors, got {type(inputs).__name__}")
-    if targets is None:
-        raise InvalidArgumentError(f"{path}:{function}'s targets must not be None (the step calls loss_fn(output, targets)); return a dummy such as 0")
     if not callable(loss_fn):
         raise InvalidArgumentError(f"{path}:{function}'s loss_fn must be callable, got {type(loss_fn).__name__}")
+    if targets is None:
+        loss_fn = OutputOnlyLoss(loss_fn)
     return UserModel(spec, module, inputs if isinstance(inputs, torch.Tensor) else tuple(inputs), targets, loss_fn)

@@ -99,6 +99,8 @@ class MilpModel:
     fixed_bytes: int = 0
     runtime_budget_s: float | None = None
     compressed_bytes: np.ndarray | None = field(default=None, repr=False)
+    #: each node's workspace, counted in U[t, k] when R[t, k] (None: all zero, as on the paper's graphs)
+    node_workspace: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def n_cols(self) -> int:
@@ -148,7 +150,10 @@ class MilpModel:
             # U[t, k+1] = U[t, k] + R[t, k+1] b[k+1] - (bytes freed after node k)
             freed_after = np.bincount(dst[free], weights=b[src[free]], minlength=T)
             steps = R[t, 1 : t + 1] * b[1 : t + 1] - freed_after[:t]
-            x[self.u_index[t, : t + 1]] = memory + np.concatenate(([0.0], np.cumsum(steps)))
+            u = memory + np.concatenate(([0.0], np.cumsum(steps)))
+            if self.node_workspace is not None:
+                u = u + R[t, : t + 1] * self.node_workspace[: t + 1]
+            x[self.u_index[t, : t + 1]] = u
         return x
 
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -217,7 +222,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     compression = costs.compression if options.compression else None
     if options.compression and compression is None:
         raise InvalidArgumentError("compression needs compression costs: build them with poetlab.techniques.compression.compression_costs")
-    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.workspace_bytes  # (as poetlab.solve's)
+    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes  # (as poetlab.solve's)
     budget = float(options.ram_budget_bytes) - fixed
     stage = np.arange(T)[:, None]
     node = np.arange(T)[None, :]
@@ -339,6 +344,13 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     rows.terms(ids_step, U[t_idx, k_idx + 1], 1.0)
     rows.terms(ids_step, U[t_idx, k_idx], -1.0)
     rows.terms(ids_step, R[t_idx, k_idx + 1], -b[k_idx + 1])
+    # (6w) a node's workspace (TrainingGraph.workspace, as the simulator counts it) is in U[t, k] while node k
+    # runs in stage t and gone from the next step:  U[t, k] also holds R[t, k] w_k
+    w = graph.workspace.astype(float)
+    if w.any():
+        rows.terms(ids, R[:, 0], -w[0])
+        rows.terms(ids_step, R[t_idx, k_idx + 1], -w[k_idx + 1])
+        rows.terms(ids_step, R[t_idx, k_idx], w[k_idx])
     ft, fe = np.nonzero(free_mask)
     fk = dst[fe]
     has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
@@ -384,4 +396,5 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         fixed_bytes=fixed,
         runtime_budget_s=runtime_budget_s,
         compressed_bytes=c if compression is not None else None,
+        node_workspace=w if w.any() else None,
     )

@@ -197,8 +197,9 @@ def solve(
         params_in_budget=params_in_budget,
         compression=compression,
     )
-    # (kept free: parameters and gradients where asked, and one operation's workspace: TrainingGraph.workspace_bytes)
-    fixed = (2 * graph.param_bytes if params_in_budget else 0) + graph.workspace_bytes
+    # (kept free: parameters and gradients where asked, and the RNG states an executor keeps for the whole step:
+    # TrainingGraph.reserved_bytes; each operation's workspace is counted while it runs: TrainingGraph.workspace)
+    fixed = (2 * graph.param_bytes if params_in_budget else 0) + graph.reserved_bytes
     runtime_budget_s = None if runtime_budget_factor is None else runtime_budget_factor * costs.plain_step_runtime_s
     lower_bound = costs.plain_step_energy_j
 
@@ -236,10 +237,10 @@ def solve(
 
     footprint, node = min_footprint_bytes(graph)
     if footprint + fixed > ram_budget_bytes:
-        extra = f" plus {fixed:,} bytes of parameters, gradients and workspace kept free" if fixed else ""
+        extra = f" plus {fixed:,} bytes of parameters, gradients and RNG states kept free" if fixed else ""
         message = (
             f"the RAM budget {int(ram_budget_bytes):,} bytes is below the smallest single-node footprint "
-            f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output in RAM at once)"
+            f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output{' and workspace' if graph.workspace[node] else ''} in RAM at once)"
         )
         log.info(message)
         return result("infeasible", "bound", message)

@@ -95,7 +95,7 @@ def execute(
     if ram_budget_bytes is not None and result.peak_bytes is not None and result.peak_bytes > ram_budget_bytes:
         raise ExecutionError(
             f"the step's measured peak {result.peak_bytes:,} bytes is over the RAM budget {int(ram_budget_bytes):,} bytes "
-            f"(workspace kept free by poetlab.solve: {graph.workspace_bytes:,}); plan with poetlab.solve at this budget or raise it"
+            f"(the largest operation's workspace: {graph.workspace_bytes:,}); plan with poetlab.solve at this budget or raise it"
         )
     if costs is not None:
         from dataclasses import replace
