@@ -58,6 +58,9 @@ RELAXATION_MIN_TIME_LIMIT_S = 5.0
 #: which it is skipped
 NEIGHBOURHOOD_SHARE = 0.6
 NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
+#: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
+#: can also prove the optimum (the window search's time would come out of that solve's)
+NEIGHBOURHOOD_MIN_COLUMNS = 10_000
 BOUNDS = ("eviction", "trivial")
 
 
@@ -273,6 +276,7 @@ def solve(
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
         model = build_milp(graph, costs, options)
+    if model is not None and model.n_cols >= NEIGHBOURHOOD_MIN_COLUMNS:
         remaining = started + time_limit_s - time.perf_counter()
         seeds = _milp_seeds(graph, model, fitting, replay, charge_pagein)
         if not seeds:
