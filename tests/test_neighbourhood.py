@@ -84,7 +84,7 @@ def test_the_window_search_certifies_fig4s_case():
     eviction bound, and the window search finds a schedule within 0.1% of it: POET's optimum is certified
     (it replays within both budgets)."""
     graph, costs, options, replay = _instance("resnet18_cifar", "m4", 0.2, 1.2)
-    result = solve(graph, costs, options.ram_budget_bytes, 1.2, time_limit_s=120, mip_gap=1e-3, threads=1)
+    result = solve(graph, costs, options.ram_budget_bytes, 1.2, time_limit_s=300, mip_gap=1e-3, threads=1)  # (about 31 s alone at load 9; generous for a loaded machine)
     assert result.status == "optimal"
     assert result.bound_j >= eviction_bound(graph, costs, options) * (1 - 1e-9)
     assert replay(result.schedule).energy_j == pytest.approx(result.energy_j)
