@@ -273,6 +273,13 @@ def solve(
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
 
+    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
+        remaining = started + time_limit_s - time.perf_counter()
+        relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
+        lower_bound = max(lower_bound, relaxed.bound_j)
+        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting)
+        log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
         model = build_milp(graph, costs, options)
@@ -284,13 +291,6 @@ def solve(
         elif remaining > 1.0:
             found = improve(graph, model, seeds, replay, time_limit_s=min(NEIGHBOURHOOD_SHARE * time_limit_s, remaining), target_j=lower_bound / (1 - mip_gap), prefetch=charge_pagein)
             start, start_sim = _better((start, start_sim), "window search", found[0], replay)
-
-    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
-        remaining = started + time_limit_s - time.perf_counter()
-        relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
-        lower_bound = max(lower_bound, relaxed.bound_j)
-        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting)
-        log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if compression and not proven():
         plain = solve(
