@@ -37,6 +37,7 @@ from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
@@ -52,6 +53,14 @@ STAGED_MIN_TIME_LIMIT_S = 10.0
 RELAXATION_SHARE = 0.4
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
 RELAXATION_MIN_TIME_LIMIT_S = 5.0
+#: the share of the time limit the window search may take (:mod:`poetlab.planners.poet.neighbourhood`:
+#: better schedules where HiGHS finds none in the whole MILP; docs/solve.md, NOTE 4), and the limit below
+#: which it is skipped
+NEIGHBOURHOOD_SHARE = 0.6
+NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
+#: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
+#: can also prove the optimum (the window search's time would come out of that solve's)
+NEIGHBOURHOOD_MIN_COLUMNS = 10_000
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -258,13 +267,15 @@ def solve(
     if bound == "eviction":
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts)
+    fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
+    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting)
     for given in starts:
         try:
             given_sim = replay(given)
         except InvalidScheduleError as exc:
             log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
             continue
+        fitting.append((given, given_sim))
         if start_sim is None or given_sim.energy_j < start_sim.energy_j:
             start, start_sim = given, given_sim
 
@@ -275,8 +286,20 @@ def solve(
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
         lower_bound = max(lower_bound, relaxed.bound_j)
-        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay)
+        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting)
         log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+
+    model = None
+    if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
+        model = build_milp(graph, costs, options)
+    if model is not None and model.n_cols >= NEIGHBOURHOOD_MIN_COLUMNS:
+        remaining = started + time_limit_s - time.perf_counter()
+        seeds = _milp_seeds(graph, model, fitting, replay, charge_pagein)
+        if not seeds:
+            log.info("window search skipped: no start is a solution of POET's MILP")
+        elif remaining > 1.0:
+            found = improve(graph, model, seeds, replay, time_limit_s=min(NEIGHBOURHOOD_SHARE * time_limit_s, remaining), target_j=lower_bound / (1 - mip_gap), prefetch=charge_pagein)
+            start, start_sim = _better((start, start_sim), "window search", found[0], replay)
 
     if compression and not proven():
         plain = solve(
@@ -296,12 +319,14 @@ def solve(
             start, start_sim = bittrain, bittrain_sim
     elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S and not proven():
         for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
-            if proven():
+            # a quarter of the limit each, less where the relaxation and the window search took theirs
+            share = min(time_limit_s / 4, (started + time_limit_s - time.perf_counter()) / 3)
+            if proven() or share < 1.0:
                 break
             restricted = solve(
                 graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time, exclude_starts=exclude_starts,
                 charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
-                time_limit_s=time_limit_s / 4, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
+                time_limit_s=share, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
             )
             found = f"{restricted.energy_j:.10g} J" if restricted.energy_j is not None else "no schedule"
             log.info("staged: %s gives %s (%s)", label, found, restricted.status)
@@ -311,8 +336,12 @@ def solve(
         message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
         log.info(message)
         return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
-    model = build_milp(graph, costs, options)
+    model = model or build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
+    if start is not None and not compression and not fits_milp(model, start):  # (DTR's frees, one stage late for the MILP)
+        seeds = _milp_seeds(graph, model, [(start, start_sim)], replay, charge_pagein)
+        if seeds and seeds[0][1].energy_j <= start_sim.energy_j:
+            start, start_sim = seeds[0]
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
     answer = run_milp(
         model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
@@ -363,6 +392,7 @@ def solve(
 
 def _best_start(
     graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
+    collect: list | None = None,
 ) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
     or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
@@ -370,7 +400,8 @@ def _best_start(
     they are often close to the optimum at tight budgets, where HiGHS can spend its whole time limit
     before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
     once one start exists. The methods stay independent baselines in the comparison too. Those named in
-    ``exclude`` (:data:`QUICK_STARTS`) are skipped."""
+    ``exclude`` (:data:`QUICK_STARTS`) are skipped; every start that replays is appended to ``collect`` (with
+    its simulation) where one is given."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.planners.baselines import capuchin, dtr
     from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
@@ -400,12 +431,37 @@ def _best_start(
         except CannotMeetBudget:
             continue
         for schedule in made:
-            best = _better(best, name, schedule, replay)
+            best = _better(best, name, schedule, replay, collect)
     return best
 
 
-def _better(best, name: str, schedule: Schedule | None, replay) -> tuple[Schedule | None, SimulationResult | None]:
-    """``best`` or ``schedule``, whichever replays within the budgets at the lower energy."""
+def _milp_seeds(graph, model, fitting, replay, prefetch: bool) -> list[tuple[Schedule, SimulationResult]]:
+    """Those of ``fitting`` (schedules with their simulations, all within the budgets) that are solutions
+    of POET's MILP ``model`` as they are, cheapest first, then those that are in their MILP form
+    (:func:`~poetlab.planners.poet.neighbourhood.milp_form`, replayed again), cheapest first; distinct
+    energies only. (The window search tries them in this order: on Fig. 4's case DTR's schedule, the
+    cheapest start but one made for the simulator's accounting, is a local optimum of the windows 2.9%
+    above the bound, and greedy remat's, 1.4% dearer, leads to the optimum: docs/solve.md, NOTE 4.)"""
+    native: list[tuple[Schedule, SimulationResult]] = []
+    moved: list[tuple[Schedule, SimulationResult]] = []
+    for schedule, sim in sorted(fitting, key=lambda pair: pair[1].energy_j):
+        if any(abs(sim.energy_j - other.energy_j) <= 1e-12 * sim.energy_j for _, other in native + moved):
+            continue
+        if fits_milp(model, schedule):
+            native.append((schedule, sim))
+            continue
+        form = milp_form(graph, schedule, prefetch)
+        if fits_milp(model, form):
+            try:
+                moved.append((form, replay(form)))
+            except InvalidScheduleError:
+                continue
+    return native + moved
+
+
+def _better(best, name: str, schedule: Schedule | None, replay, collect: list | None = None) -> tuple[Schedule | None, SimulationResult | None]:
+    """``best`` or ``schedule``, whichever replays within the budgets at the lower energy (``schedule``
+    appended to ``collect``, with its simulation, if it replays)."""
     if schedule is None:
         return best
     try:
@@ -414,4 +470,6 @@ def _better(best, name: str, schedule: Schedule | None, replay) -> tuple[Schedul
         log.info("%s start does not replay (%s)", name, exc)
         return best
     log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
+    if collect is not None:
+        collect.append((schedule, sim))
     return (schedule, sim) if best[1] is None or sim.energy_j < best[1].energy_j else best
