@@ -20,6 +20,7 @@ import errno
 import gc
 import importlib
 import os
+import pkgutil
 import platform
 import subprocess
 import sys
@@ -32,19 +33,23 @@ import torch
 from torch import nn
 
 import poetlab
+import poetlab.torch.execute
 from poetlab.torch.execute import ExecutionError, ScheduleExecutor, execute, memory_allowance_bytes
-from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH, segments_of
+from poetlab.torch.execute import executor as execute_executor
+from poetlab.torch.execute import layout as execute_layout
+from poetlab.torch.execute import state as execute_state
+from poetlab.torch.execute.layout import node_buffers
+from poetlab.torch.execute.segments import COMPUTE, RECOMPUTED_BATCH
 from poetlab.torch.execute.state import BufferBackup
 from poetlab.torch.execute.step import StepRun
 
-executor_state = importlib.import_module("poetlab.torch.execute.state")
 
-
-def _patch_executor(monkeypatch, name: str, value: object) -> None:
-    """Set ``name`` in every module of the executor that binds it (each imports it by name)."""
-    for module in ("api", "codegen", "executor", "graphless", "segments", "state", "step", "step_compute", "step_records"):
-        module = importlib.import_module(f"poetlab.torch.execute.{module}")
-        if hasattr(module, name):
+def _patch_function(monkeypatch, name: str, value: object) -> None:
+    """Set the public function ``name`` of :mod:`poetlab.torch.execute.state` (the executor's one wrapper
+    of a call of the pinned torch, or its storage keys) in every module of the executor that imports it."""
+    for info in pkgutil.iter_modules(poetlab.torch.execute.__path__):
+        module = importlib.import_module(f"poetlab.torch.execute.{info.name}")
+        if getattr(module, name, None) is getattr(execute_state, name):
             monkeypatch.setattr(module, name, value)
 from poetlab.planners.baselines import capuchin
 from poetlab.planners.baselines.base import Budgets
@@ -93,29 +98,47 @@ def _grads(module: nn.Module) -> list[torch.Tensor | None]:
     return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
 
 
+#: what a step of the executor's fast path must share with the reference step's (NOTE [8]; the loss too, on the
+#: same random numbers)
+_SAME_AS_REFERENCE = (
+    "n_computes", "n_recomputes", "n_pageouts", "n_pageins", "n_unplanned", "n_skipped_ops",
+    "planned_peak_bytes", "bytes_written", "bytes_read", "n_compresses", "n_decompresses", "compressed_bytes",
+)
+
+
 def _check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **options):
     """Run ``schedule`` and plain steps from the same state, three times with one executor (the second step
-    runs with what the first showed to be needed: ScheduleExecutor._learn); assert equality after each;
-    return the last result."""
+    runs with what the first showed to be needed: NOTE [8]); assert equality after each, and the same
+    counts, bytes paged and planned peak as the reference step's (``fast=False``, run once beside the first:
+    the same step on the same weights); return the last result."""
     loss_fn = nn.CrossEntropyLoss()
-    reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
+    plain, scheduled, specified = copy.deepcopy(module), copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, loss_fn, **options)
+    reference = ScheduleExecutor(specified, graph, schedule, loss_fn, **options, fast=False)
     predicted = simulate(schedule, graph, costs)
     for step in range(3):
         rng = torch.get_rng_state()
-        plain_loss = loss_fn(reference(inputs), targets)
+        plain_loss = loss_fn(plain(inputs), targets)
         plain_loss.backward()  # (gradients accumulate over the steps, on both sides)
         rng_after = torch.get_rng_state()
-        torch.set_rng_state(rng)
-        result = executor.step(inputs, targets, measure_memory=True)
-        assert torch.equal(torch.get_rng_state(), rng_after)  # recomputes replay random numbers, never draw new ones
-        assert result.loss == float(plain_loss.detach())
-        for (pname, _), a, b in zip(reference.named_parameters(), _grads(reference), _grads(scheduled), strict=True):
-            assert (a is None) == (b is None), pname
-            assert a is None or torch.equal(a, b), f"{name}, step {step + 1}: gradient of {pname} differs"
-        for a, b in zip(reference.buffers(), scheduled.buffers(), strict=True):
-            assert torch.equal(a, b)
+        runs = ((executor, scheduled), (reference, specified)) if step == 0 else ((executor, scheduled),)
+        results = []
+        for run, model in runs:
+            torch.set_rng_state(rng)
+            results.append(run.step(inputs, targets, measure_memory=True))
+            assert torch.equal(torch.get_rng_state(), rng_after)  # recomputes replay random numbers, never draw new ones
+            assert results[-1].loss == float(plain_loss.detach())
+            for (pname, _), a, b in zip(plain.named_parameters(), _grads(plain), _grads(model), strict=True):
+                assert (a is None) == (b is None), pname
+                assert a is None or torch.equal(a, b), f"{name}, step {step + 1}: gradient of {pname} differs"
+            for a, b in zip(plain.buffers(), model.buffers(), strict=True):
+                assert torch.equal(a, b)
+        if step == 0:
+            specification = results[1]
+        result = results[0]
+        assert [getattr(result, f) for f in _SAME_AS_REFERENCE] == [getattr(specification, f) for f in _SAME_AS_REFERENCE]
         _check_counts(schedule, graph, module, result, predicted)
+    assert executor.plan.learnt and not reference.plan.learnt and not reference.plan.segments
     return replace(result, predicted=predicted)
 
 
@@ -215,7 +238,7 @@ def test_a_rerun_leaves_a_shared_batchnorm_as_a_plain_step_does(norm):
     """A rerun in the backward pass of a node whose BatchNorm nodes that are not rerun update too: a
     BatchNorm runs through its stand-in, which writes none of its statistics (``RerunBatchNorm``); a
     SyncBatchNorm updates them a second time, and they are put back after the backward pass
-    (ScheduleExecutor._rerun_buffers). Either way the running statistics are a plain step's."""
+    (ScheduleExecutor.rerun_buffers). Either way the running statistics are a plain step's."""
     torch.manual_seed(0)
     module, inputs, targets = _SharedNorm(norm).train(), torch.randn(2, 3, 16, 16), torch.tensor([1, 2])
     graph = trace(module, inputs, nn.CrossEntropyLoss(), targets, fuse=True)
@@ -241,7 +264,7 @@ def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
         schedule = greedy_remat_schedule(graph, costs, fraction * _full(graph, costs))
         reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
         executor = ScheduleExecutor(scheduled, graph, schedule, nn.CrossEntropyLoss())
-        assert executor._rerun_in_backward, name
+        assert executor.layout.rerun_in_backward, name
         for _ in range(4):
             rng = torch.get_rng_state()  # (MobileNetV2's dropout: the same masks on both sides)
             nn.CrossEntropyLoss()(reference(inputs), targets).backward()
@@ -249,12 +272,12 @@ def test_reruns_reset_the_batchnorms_of_their_node_alone_and_keep_shared_ones():
             executor.step(inputs, targets)
             for a, b in zip([*reference.buffers(), *_grads(reference)], [*scheduled.buffers(), *_grads(scheduled)], strict=True):
                 assert torch.equal(a, b), name
-        rerun = executor._rerun_buffers()
-        assert rerun.buffers and (rerun.before_step is not None) == alone and executor._unchecked_reads, name
+        rerun = executor.rerun_buffers()
+        assert rerun.buffers and (rerun.before_step is not None) == alone and executor.plan.unchecked_reads, name
         # (a node that saved a kept and put-back buffer keeps the saved-tensor hooks: ScheduleExecutor._without_hooks)
         kept = {id(b) for b in rerun.buffers} if not alone else set()
-        assert not any(id(b) in kept for i in executor._hookless for b in executor._node_buffers(i)), name
-        assert not alone or executor._hookless.keys() & executor._rerun_in_backward, name
+        assert not any(id(b) in kept for i in executor.plan.hookless for b in node_buffers(executor.layout, i)), name
+        assert not alone or executor.plan.hookless.keys() & executor.layout.rerun_in_backward, name
 
 
 def test_reruns_run_batchnorm_through_a_stand_in_that_leaves_its_statistics_alone():
@@ -267,18 +290,18 @@ def test_reruns_run_batchnorm_through_a_stand_in_that_leaves_its_statistics_alon
     module, inputs, targets, graph, costs = _traced("mobilenet", True)
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
-    stand_ins = {t for code in executor._rerun_code if code is not None for t in code.stand_ins}
-    rerun = {m.target for i in executor._rerun_in_backward for m in executor.binding.members[i] if m.op == "call_module"}
+    stand_ins = {t for code in executor.layout.rerun_code if code is not None for t in code.stand_ins}
+    rerun = {m.target for i in executor.layout.rerun_in_backward for m in executor.binding.members[i] if m.op == "call_module"}
     assert stand_ins and stand_ins == {t for t in rerun if type(executor.modules[t]) is nn.BatchNorm2d}
-    assert executor._rerun_in_backward and not executor._rerun_buffers().buffers
+    assert executor.layout.rerun_in_backward and not executor.rerun_buffers().buffers
     _check_step("mobilenet", True, schedule, graph, costs, module, inputs, targets)
     _check_step("mobilenet in eval mode", True, schedule, graph, costs, copy.deepcopy(module).eval(), inputs, targets)
     hooked, calls = copy.deepcopy(module), []
     target = sorted(stand_ins)[0]
     hooked.get_submodule(target).register_forward_hook(lambda *_: calls.append(target))
     executor = ScheduleExecutor(copy.deepcopy(hooked), graph, schedule, nn.CrossEntropyLoss())
-    assert target not in {t for code in executor._rerun_code if code is not None for t in code.stand_ins}
-    assert {id(b) for b in executor._rerun_buffers().buffers} == {id(b) for b in executor.modules[target].buffers() if b.numel()}
+    assert target not in {t for code in executor.layout.rerun_code if code is not None for t in code.stand_ins}
+    assert {id(b) for b in executor.rerun_buffers().buffers} == {id(b) for b in executor.modules[target].buffers() if b.numel()}
     executor.step(inputs, targets)
     assert len(calls) == 2  # (the first run and the rerun)
     _check_step("mobilenet, a hooked BatchNorm", True, schedule, graph, costs, hooked, inputs, targets)
@@ -305,7 +328,7 @@ def test_repeated_steps_with_one_executor_accumulate_like_backward(planner):
             assert torch.equal(a, b)
         for tensor in [*scheduled.parameters(), *scheduled.buffers()]:
             assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-    met = executor._constants_met
+    met = executor.plan.constants_met
     assert met is not None and 0 < len(met) < len(executor.constants)
 
 
@@ -318,7 +341,7 @@ def test_a_torch_without_the_private_calls_is_one_clear_error(monkeypatch):
     error naming the fix when the executor is made, not an AttributeError in the middle of a step."""
     module, inputs, targets, graph, costs = _traced("resnet", True)
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
-    _patch_executor(monkeypatch, "push_saved_hooks", None)
+    monkeypatch.setattr(execute_executor, "push_saved_hooks", None)
     with pytest.raises(ExecutionError, match="install the pinned torch"):
         ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
 
@@ -461,10 +484,10 @@ def test_a_step_that_fails_inside_a_managed_node_leaves_no_hooks_behind():
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     reference, scheduled = copy.deepcopy(module), copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, remat, loss_fn)
-    in_segments = {p for s in executor._segments.values() for p in range(s.start, s.end)}
+    in_segments = {p for s in executor.plan.segments.values() for p in range(s.start, s.end)}
     managed = next(
-        i for i in sorted(executor._managed)
-        if executor._computed_at[i] in in_segments and any(m.op == "call_module" for m in executor.binding.members[i])
+        i for i in sorted(executor.layout.managed)
+        if executor.layout.computed_at[i] in in_segments and any(m.op == "call_module" for m in executor.binding.members[i])
     )
     failing = executor.modules[next(m.target for m in executor.binding.members[managed] if m.op == "call_module")]
 
@@ -608,64 +631,10 @@ def test_recompute_before_a_group_without_its_own_autograd_node():
     predicted = simulate(schedule, graph, costs)  # a valid schedule
     assert predicted.n_recomputes == 2
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
-    assert {late, index["grad:blocks_1_conv1"]} <= executor._hooked
+    assert {late, index["grad:blocks_1_conv1"]} <= executor.layout.hooked
     executor.step(inputs, targets)  # (after it, pre-hooks only where the first step's had work: fewer)
-    assert executor._hook_at and executor._hook_at < executor._hooked
+    assert executor.plan.hook_at and executor.plan.hook_at < executor.layout.hooked
     _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)  # (two steps: learnt hooks)
-
-
-def _allocations_before_frees(executor, inputs, targets, node_at: dict[int, int], monkeypatch) -> dict[int, int]:
-    """Run one step; for each node of ``node_at`` (node -> position of its last free), how many allocations
-    the step had made when the last of the node's storages went back to the allocator (from its events).
-    The storages are those the node holds when the step hands it over (``_hand_over``) or performs its
-    last free (``_free``), whichever the executor does."""
-    ptrs: dict[int, set[int]] = {}
-
-    def note(run, k):
-        st = run.state[k]
-        values = [run.values[name] for name in run.ex._external[k] if name in run.values]
-        ptrs[k] = {r.storage.data_ptr() for r in st.owned} | {t.untyped_storage().data_ptr() for v in values for t in tensors_in(v)}
-        return torch.profiler.record_function(f"poetlab-test:{k}")
-
-    real_hand_over, real_free = StepRun._hand_over, StepRun._free
-
-    def hand_over(run, k):
-        with note(run, k):
-            real_hand_over(run, k)
-
-    def free(run, k):  # (every free of a forward node that needs work: _do's, a segment's)
-        if node_at.get(k) == run.cursor:
-            with note(run, k):
-                return real_free(run, k)
-        return real_free(run, k)
-
-    monkeypatch.setattr(StepRun, "_hand_over", hand_over)
-    monkeypatch.setattr(StepRun, "_free", free)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        executor.step(inputs, targets)
-    monkeypatch.undo()
-    events, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
-        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
-            events.append((node.start_time_ns, int(node.extra_fields.ptr), int(node.extra_fields.alloc_size)))
-        elif node.name.startswith("poetlab-test:"):
-            events.append((node.start_time_ns, int(node.name.split(":")[1]), None))
-    allocations, pending, found = 0, {}, {}
-    for _, what, nbytes in sorted(events):
-        if nbytes is None:
-            pending[what] = set(ptrs[what])
-        elif nbytes > 0:
-            allocations += 1
-        else:
-            for k, left in pending.items():
-                if what in left:
-                    left.discard(what)
-                    if not left:
-                        found[k] = allocations
-    assert set(found) == set(node_at), f"storages of nodes {set(node_at) - set(found)} were not freed during the step"
-    return found
 
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
@@ -673,73 +642,53 @@ def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monke
     """From the second step on, a node the step has no more use for (its own rerun, or a rerun that reads
     it, was the last) is handed over to autograd, and its last free is only counted (handovers_of): the
     pre-hooks that had only such frees to do go. Gradients stay autograd's, and the memory goes no later
-    than when an executor that frees those nodes itself frees them (counted in allocations since the step
-    began, from the allocator's events). Every node runs its first run with autograd's graph here: a
-    graphless one (the encoder's, here) is nothing of the step's after its rerun, so nothing to hand over."""
+    than where the reference step frees those nodes itself: its measured peak is no higher. Every node
+    runs its first run with autograd's graph here: a graphless one (the encoder's) is nothing of the
+    step's after its rerun, so nothing to hand over."""
+    monkeypatch.setattr(execute_layout, "graphless_nodes", lambda layout: frozenset())
     module, inputs, targets, graph, costs = _traced(name, fuse)
     schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
     loss_fn = nn.CrossEntropyLoss()
-    worked: list[set[int]] = []
-    real_learn = ScheduleExecutor._learn
-    _patch_executor(monkeypatch, "graphless_nodes", lambda executor: frozenset())
-
-    def learn(executor, run):
-        worked.append(set(run.worked))
-        real_learn(executor, run)
-
-    monkeypatch.setattr(ScheduleExecutor, "_learn", learn)
-    handing, freeing = (ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn) for _ in range(2))
-    freeing._handover_candidates = {}
+    handing = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn)
+    freeing = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn, fast=False)
     rng = torch.get_rng_state()
+    results = []
     for executor in (handing, freeing):
-        torch.set_rng_state(rng)  # (the encoder's dropout)
-        executor.step(inputs, targets)
-    assert handing._handover and not freeing._handover
-    assert handing._hook_at < freeing._hook_at == worked[1]  # (hooks with only handed frees to do went)
-    handed = {k: free for k, (_, free) in handing._handover_candidates.items() if k in {k for ks in handing._handover.values() for k in ks}}
-    orders = []
-    for executor in (handing, freeing):
-        torch.set_rng_state(rng)
-        orders.append(_allocations_before_frees(executor, inputs, targets, handed, monkeypatch))
-    assert all(orders[0][k] <= orders[1][k] for k in handed), orders
-    assert all(torch.equal(a, b) for a, b in zip(_grads(handing.module), _grads(freeing.module), strict=True))
+        results.append([])
+        for _ in range(3):
+            torch.set_rng_state(rng)  # (the encoder's dropout)
+            executor.module.zero_grad(set_to_none=True)
+            results[-1].append(executor.step(inputs, targets, measure_memory=True))
+        assert all(torch.equal(a, b) for a, b in zip(_grads(handing.module), _grads(executor.module), strict=True))
+    handed = {k for ks in handing.plan.handover.values() for k in ks}
+    assert handed and handed <= handing.layout.handover_candidates.keys() and not freeing.plan.handover
+    assert handing.plan.handed_frees == frozenset(handing.layout.handover_candidates[k][1] for k in handed)
+    assert handing.plan.hook_at < freeing.plan.hook_at == handing.layout.hooked  # (hooks with only handed frees to do went)
+    for learnt, reference in zip(results[0][1:], results[1][1:], strict=True):
+        assert learnt.peak_bytes <= reference.peak_bytes and learnt.planned_peak_bytes == reference.planned_peak_bytes
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
 @pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
-def test_learnt_segments_hook_and_record_by_themselves(name, fuse, monkeypatch):
+def test_learnt_segments_hook_and_record_by_themselves(name, fuse):
     """Once the first step has shown that every packed node owns only storages of its own, and that the
     values of the nodes whose autograd nodes get pre-hooks are tensors, the segments' code does the
-    general path's work itself (_compile_segment): a lean begin/finish pair around each managed node,
-    nothing tracked by storage key, the autograd nodes to hook collected by the code (or the lean
-    finish) and hooked after the run, frees called directly. The steps after it hook every backward node
-    the first step showed work at, and give autograd's gradients with every operation counted."""
+    reference loop's work itself (segments_of): a lean begin/finish pair around each managed node, nothing
+    tracked by storage key, the autograd nodes to hook collected by the code (or the lean finish) and
+    hooked after the run, frees called directly. The steps after it give the reference step's gradients,
+    counts and planned peak (_check_step)."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
     schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "mobilenet" else 0.95) * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
+    first = {n.target for s in executor.plan.segments.values() for n in s.run.__self__.graph.nodes if n.op == "call_method"}
     executor.step(inputs, targets)
-    assert not executor._tracking and executor._hook_at
-    calls = [n.target for s in executor._segments.values() for n in s.run.__self__.graph.nodes if n.op == "call_method"]
+    assert executor.plan.learnt and not executor.plan.tracking and executor.plan.hook_at <= executor.layout.hooked
+    calls = {n.target for s in executor.plan.segments.values() for n in s.run.__self__.graph.nodes if n.op == "call_method"}
     # (a lean pair, or a lean finish alone for a node whose storages its code finds without the saved-tensor
     # hooks: MobileNetV2's Conv+BatchNorm+ReLU6 groups, not the encoder's layer, one module call)
-    assert {"_free", *(("_finish_hookless",) if name == "mobilenet" else ("_begin_owned", "_finish_owned"))} <= set(calls)
-    assert not set(calls) & {"_begin", "_finish_in_segment", "_track", "_hook_backward"}
-    hooked: list[set[int]] = []
-    real_hook_pending = StepRun._hook_pending
-
-    def hook_pending(run):
-        hooked[-1].update(j for j, fns in run.pending_hooks if any(fn is not None for fn in fns))
-        real_hook_pending(run)
-
-    monkeypatch.setattr(StepRun, "_hook_pending", hook_pending)
-    advanced: list[int] = []  # (the general loop: at most once a pre-hooked backward node, and at the step's end)
-    real_advance = StepRun._advance
-    monkeypatch.setattr(StepRun, "_advance", lambda run, stop: advanced.append(stop) or real_advance(run, stop))
-    for _ in range(2):
-        hooked.append(set())
-        executor.step(inputs, targets)
-    assert hooked[0] == hooked[1] == executor._hook_at
-    assert 2 <= len(advanced) <= 2 * (len(executor._hook_at) + 1)
+    assert {"free", *(("finish_hookless",) if name == "mobilenet" else ("begin_owned", "finish_owned"))} <= calls
+    assert not calls & {"begin", "finish_in_segment", "track", "hook_backward"}
+    assert {"begin", "finish_in_segment"} <= first  # (the first step's code checks every node it packs)
     _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
 
 
@@ -776,14 +725,14 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     full = checkpoint_all_schedule(graph)
     executor = ScheduleExecutor(copy.deepcopy(module), graph, full, loss_fn)
     forward = [op.node for op in full.ops if op.kind is OpKind.COMPUTE and not graph.nodes[op.node].is_backward]
-    (segment,) = executor._segments.values()
+    (segment,) = executor.plan.segments.values()
     code = segment.run.__self__
     # (the bookkeeping before the loss's call into the step is replayed by the code, the rest after it)
-    replayed = [event for n in code.graph.nodes if n.op == "call_method" and n.target == "_replay" for event in n.args[1]]
+    replayed = [event for n in code.graph.nodes if n.op == "call_method" and n.target == "replay" for event in n.args[1]]
     assert [i for i, what in [*replayed, *segment.events] if what == COMPUTE] == [i for i in forward if graph.nodes[i].kind not in ("input", "loss")]
-    assert [n.args[1] for n in code.graph.nodes if n.op == "call_method" and n.target == "_compute_loss"] == [executor.binding.loss]
+    assert [n.args[1] for n in code.graph.nodes if n.op == "call_method" and n.target == "compute_loss"] == [executor.binding.loss]
     first_backward = next(p for p, op in enumerate(full.ops) if op.kind is OpKind.COMPUTE and graph.nodes[op.node].is_backward)
-    assert executor._bookkeeping_end[first_backward] == len(full.ops)
+    assert executor.plan.bookkeeping_end[first_backward] == len(full.ops)
     # the generated code calls the model's own modules (not copies: BatchNorm's statistics are the
     # model's), each one attribute of it away (fx's code walks the module path one getattr per part)
     called = [n.target for n in code.graph.nodes if n.op == "call_module"]
@@ -793,70 +742,38 @@ def test_the_forward_pass_runs_as_generated_functions(name, fuse):
     assert result.n_computes == len([op for op in full.ops if op.kind is OpKind.COMPUTE])
     remat = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, remat, loss_fn)
-    assert len(executor._segments) >= 1 and executor._managed
-    covered = {p for s in executor._segments.values() for p in range(s.start, s.end)}
-    assert {executor._computed_at[i] for i in executor._packed} <= covered
+    assert len(executor.plan.segments) >= 1 and executor.layout.managed
+    covered = {p for s in executor.plan.segments.values() for p in range(s.start, s.end)}
+    assert {executor.layout.computed_at[i] for i in executor.layout.packed} <= covered
     result = _check_step(name, fuse, remat, graph, costs, module, inputs, targets)
     assert result.n_recomputes > 0 and result.n_computes == len([op for op in remat.ops if op.kind is OpKind.COMPUTE])
 
 
 @pytest.mark.parametrize("name, fuse", [("resnet", True), ("bert", False), ("mobilenet", True)])
-def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse, monkeypatch):
+def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse):
     """Once a step without prefetching has fetched nothing unplanned, the steps after it leave autograd's
     reads unchecked and find each managed node's storages where the first step did, by position
-    (ScheduleExecutor._learn). They must own, free and refill exactly what a step that sorts every saved
-    tensor out afresh does: the same storages (source, size) per managed node, at the second step of two
-    executors of one schedule, one of them kept checking. Prefetching keeps the checks (reads wait)."""
+    (StepPlan.owned_sources). They must own, free, page and refill exactly what the reference step, which
+    sorts every saved tensor out afresh, does: under a remat and a paging schedule the same counts, planned
+    peak and bytes paged out and in (a page-out writes every storage the node owns) as the reference
+    step's, and autograd's gradients (_check_step). Prefetching keeps the checks (reads wait)."""
     module, inputs, targets, graph, costs = _traced(name, fuse)
     loss_fn = nn.CrossEntropyLoss()
-    schedule = greedy_remat_schedule(graph, costs, (0.6 if name == "resnet" else 0.95) * _full(graph, costs))
-    owned: list[dict[int, list[tuple]]] = []
-    real_go, real_finish, real_finish_owned, real_finish_hookless = StepRun.go, StepRun._finish, StepRun._finish_owned, StepRun._finish_hookless
-
-    def go(run):
-        owned.append({})
-        real_go(run)
-
-    def finish(run, i, *args, **kwargs):  # (what a node owns, as it finishes its first run: a step may hand it over later)
-        real_finish(run, i, *args, **kwargs)
-        if i in run.ex._managed:
-            owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
-
-    def finish_owned(run, i, external):  # (the same, on the learnt steps' lean path)
-        real_finish_owned(run, i, external)
-        owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
-
-    def finish_hookless(run, i, found):  # (and on the path without the saved-tensor hooks)
-        real_finish_hookless(run, i, found)
-        owned[-1][i] = [(r.source, r.nbytes) for r in run.state[i].owned]
-
-    monkeypatch.setattr(StepRun, "go", go)
-    monkeypatch.setattr(StepRun, "_finish", finish)
-    monkeypatch.setattr(StepRun, "_finish_owned", finish_owned)
-    monkeypatch.setattr(StepRun, "_finish_hookless", finish_hookless)
-    executors = [ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn) for _ in range(2)]
-    rng = torch.get_rng_state()
-    for executor in executors:  # (from the same RNG state: the encoder's dropout)
-        torch.set_rng_state(rng)
-        executor.step(inputs, targets)
-    unchecked, checked = executors
-    assert unchecked._unchecked_reads and checked._unchecked_reads
-    assert unchecked._owned_sources and set(unchecked._owned_sources) <= unchecked._managed
+    fraction = 0.6 if name == "resnet" else 0.95
+    schedule = greedy_remat_schedule(graph, costs, fraction * _full(graph, costs))
+    executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn)
+    executor.step(inputs, targets)
+    assert executor.plan.unchecked_reads
+    assert executor.plan.owned_sources and set(executor.plan.owned_sources) <= executor.layout.managed
     # the encoder's managed nodes own only storages of their own: its segments take the lean path
-    # (StepRun._finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
-    assert unchecked._tracking == (name == "resnet")
-    checked._unchecked_reads, checked._owned_sources, checked._owned_places, checked._tracking, checked._hookless = False, {}, {}, True, {}
-    checked._segments = segments_of(checked)  # (their code tracks what the sorting out looks up: _compile_segment)
-    owned.clear()
-    rng = torch.get_rng_state()
-    for executor in executors:
-        torch.set_rng_state(rng)
-        executor.step(inputs, targets)
-    assert owned[0] == owned[1] and any(owned[0].values())
-    assert all(torch.equal(a, b) for a, b in zip(_grads(unchecked.module), _grads(checked.module), strict=True))
+    # (StepRun.finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
+    assert executor.plan.tracking == (name == "resnet")
+    _check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
+    paging = greedy_paging_schedule(graph, costs, fraction * _full(graph, costs))
+    assert _check_step(name, fuse, paging, graph, costs, module, inputs, targets).bytes_written > 0
     prefetching = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn, prefetch=True)
     prefetching.step(inputs, targets)
-    assert not prefetching._unchecked_reads and not prefetching._owned_sources
+    assert prefetching.plan.learnt and not prefetching.plan.unchecked_reads and not prefetching.plan.owned_sources
 
 
 def test_recomputes_of_the_batch_are_bookkeeping():
@@ -880,11 +797,11 @@ def test_recomputes_of_the_batch_are_bookkeeping():
     assert simulate(schedule, graph, costs).n_recomputes == 2
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
     in_forward, in_backward = [k for k, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.node == batch][1:]
-    (segment,) = executor._segments.values()
+    (segment,) = executor.plan.segments.values()
     assert segment.start < in_forward < segment.end
-    assert executor._events[in_backward] == (batch, RECOMPUTED_BATCH)
+    assert executor.plan.events[in_backward] == (batch, RECOMPUTED_BATCH)
     result = executor.step(inputs, targets)
-    assert result.n_recomputes == 2 and not executor._hook_at
+    assert result.n_recomputes == 2 and not executor.plan.hook_at
     _check_step("resnet", True, schedule, graph, costs, module, inputs, targets)
 
 
@@ -969,7 +886,7 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     """A managed node whose storages the first step found among its fx values and what their autograd nodes
     saved (MobileNetV2's Conv+BatchNorm+ReLU6 groups: the convolution's and BatchNorm's outputs are fx
     values, BatchNorm's statistics its autograd node's ``_saved_result1``/``_saved_result2``) runs without
-    the saved-tensor hooks from the second step on (StepRun._finish_hookless): the hooks are pushed only for
+    the saved-tensor hooks from the second step on (StepRun.finish_hookless): the hooks are pushed only for
     the reruns. Autograd then checks the version of each tensor it saved, BatchNorm's running statistics
     among them, which the step writes again (reset, rerun: SyncBatchNorm here, which the reruns call as it
     is) to the bytes they were saved with: their versions are set back, and without that the backward pass
@@ -981,16 +898,16 @@ def test_managed_nodes_found_without_hooks_run_without_them(monkeypatch):
     schedule = greedy_remat_schedule(graph, costs, 0.6 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
     executor.step(inputs, targets)
-    assert executor._hookless.keys() & executor._rerun_in_backward
-    assert {attr for places, _ in executor._hookless.values() for _, attr in places} >= {None, "_saved_result1", "_saved_result2"}
-    lean = {i for i in executor._owned_places if i not in executor._hookless}
+    assert executor.plan.hookless.keys() & executor.layout.rerun_in_backward
+    assert {attr for places, _ in executor.plan.hookless.values() for _, attr in places} >= {None, "_saved_result1", "_saved_result2"}
+    lean = {i for i in executor.plan.owned_places if i not in executor.plan.hookless}
     pushes: list[object] = []
-    real_push = executor_state.push_saved_hooks
-    _patch_executor(monkeypatch, "push_saved_hooks", lambda *hooks: pushes.append(hooks) or real_push(*hooks))
+    real_push = execute_state.push_saved_hooks
+    _patch_function(monkeypatch, "push_saved_hooks", lambda *hooks: pushes.append(hooks) or real_push(*hooks))
     result = executor.step(inputs, targets)
-    reruns = [op.node for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and executor._computed_at[op.node] != p]
+    reruns = [op.node for p, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and executor.layout.computed_at[op.node] != p]
     assert len(pushes) == len([i for i in reruns if i not in executor.binding.inputs]) + len(lean)  # (the batch is never rerun)
-    _patch_executor(monkeypatch, "set_versions", lambda tensors, versions: None)
+    _patch_function(monkeypatch, "set_versions", lambda tensors, versions: None)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         executor.step(inputs, targets)
     monkeypatch.undo()
@@ -1008,10 +925,10 @@ def test_nodes_only_recomputed_run_first_without_autograds_graph(monkeypatch):
     module, inputs, targets, graph, costs = _traced("bert", False)
     schedule = greedy_remat_schedule(graph, costs, 0.95 * _full(graph, costs))
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
-    assert executor._graphless and not executor._graphless & executor._managed
-    assert all(graph.nodes[i].kind == "TransformerEncoderLayer" for i in executor._graphless)
+    assert executor.layout.graphless and not executor.layout.graphless & executor.layout.managed
+    assert all(graph.nodes[i].kind == "TransformerEncoderLayer" for i in executor.layout.graphless)
     graphless = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
-    _patch_executor(monkeypatch, "graphless_nodes", lambda executor: frozenset())
+    monkeypatch.setattr(execute_layout, "graphless_nodes", lambda layout: frozenset())
     with_graph = _check_step("bert", False, schedule, graph, costs, module, inputs, targets)
     assert graphless.peak_bytes < with_graph.peak_bytes
     assert graphless.n_recomputes == with_graph.n_recomputes > 0
@@ -1055,8 +972,8 @@ def test_a_graphless_node_reading_only_the_batch_gets_its_gradients_and_tied_wei
     schedule = poetlab.Schedule(graph.n_nodes, tuple(ops))
     assert simulate(schedule, graph, costs).n_recomputes == 1  # (a valid schedule)
     executor = ScheduleExecutor(copy.deepcopy(module), graph, schedule, nn.CrossEntropyLoss())
-    assert executor._graphless == (frozenset() if tied else frozenset({first}))
-    assert executor._managed == (frozenset({first}) if tied else frozenset())
+    assert executor.layout.graphless == (frozenset() if tied else frozenset({first}))
+    assert executor.layout.managed == (frozenset({first}) if tied else frozenset())
     if not tied:
         _check_step("linear", False, schedule, graph, costs, module, inputs, targets)
         return
@@ -1070,7 +987,7 @@ def test_a_graphless_node_reading_only_the_batch_gets_its_gradients_and_tied_wei
 
 
 @pytest.mark.parametrize("where", ["first run", "rerun"])
-def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where, monkeypatch):
+def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where):
     """A graphless node's autograd function holds the node's state, which holds its first run's values
     until the schedule frees them and its rerun's graph until its backward: a cycle through C++ that
     Python's collector cannot break. A step that fails right after that first run, or in that rerun,
@@ -1079,30 +996,21 @@ def test_a_step_failing_around_a_graphless_node_leaves_nothing_behind(where, mon
     schedule = greedy_remat_schedule(graph, costs, 0.95 * _full(graph, costs))
     scheduled = copy.deepcopy(module)
     executor = ScheduleExecutor(scheduled, graph, schedule, nn.CrossEntropyLoss())
-    (node,) = executor._graphless
+    (node,) = executor.layout.graphless
     executor.step(inputs, targets)  # (learnt: the first run is in a segment's code)
     grads = _grads(scheduled)
     layer = executor.modules[executor.binding.members[node][0].target]
     outputs: list[weakref.ref] = []
-    layer.register_forward_hook(lambda _m, _i, out: outputs.append(weakref.ref(out)))
+    calls = [0]
+
+    def record(_m, _i, out):
+        outputs.append(weakref.ref(out))
+        calls[0] += 1
+        if calls[0] == (1 if where == "first run" else 2):  # (the layer's first run, then its rerun)
+            raise RuntimeError(f"failed {'after the first run' if where == 'first run' else 'in the rerun'}")
+
+    layer.register_forward_hook(record)
     runs = _alive_runs()
-    if where == "first run":
-        real_first = StepRun._graphless_in_segment
-
-        def failing(run, i, *deps):
-            real_first(run, i, *deps)
-            raise RuntimeError("failed after the first run")
-
-        monkeypatch.setattr(StepRun, "_graphless_in_segment", failing)
-    else:
-        real_rerun = StepRun._recompute
-
-        def failing(run, i):
-            if i == node:
-                raise RuntimeError("failed in the rerun")
-            real_rerun(run, i)
-
-        monkeypatch.setattr(StepRun, "_recompute", failing)
     with pytest.raises(RuntimeError, match="failed (after the first run|in the rerun)"):
         executor.step(inputs, targets)
     assert outputs and [ref for ref in outputs if ref() is not None] == []
@@ -1126,7 +1034,7 @@ class _Fork(nn.Module):
 
 def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monkeypatch):
     """The executor knows an unmanaged node's storages by key (the StorageImpl's address) while a packed
-    node may save or view them (StepRun._track_values). A segment's code drops a value at its last use, which
+    node may save or view them (StepRun.track_values). A segment's code drops a value at its last use, which
     the schedule may place before its free: ``b``'s output here, read by the add (packed: it reads ``a``,
     which the schedule reruns) and freed after ``c``. A storage made after it died may be given its
     StorageImpl's address (the allocator's next one of that size, often): emulated here by giving that key
@@ -1160,7 +1068,7 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
     predicted = simulate(schedule, graph, costs)
     assert predicted.n_recomputes == 1 and predicted.n_pageouts == 1
 
-    real_key, real_track, real_finish = executor_state.storage_key, StepRun._track_values, StepRun._finish
+    real_key, real_track, real_finish = execute_state.storage_key, StepRun.track_values, StepRun.finish
     given: dict[int, int] = {}  # a storage's real key -> the key it is given
     died: list[int] = []  # the keys of tracked storages that have died
     finishing: list[bool] = [False]
@@ -1177,14 +1085,14 @@ def test_a_storage_key_left_by_a_dead_value_is_not_taken_for_its_producers(monke
         real_track(run, i, storages)
 
     def finish(run, i, *args, **kwargs):
-        finishing[0] = i in run.ex._managed
+        finishing[0] = i in run.layout.managed
         try:
             return real_finish(run, i, *args, **kwargs)
         finally:
             finishing[0] = False
 
-    _patch_executor(monkeypatch, "storage_key", key)
-    monkeypatch.setattr(StepRun, "_track_values", track)
-    monkeypatch.setattr(StepRun, "_finish", finish)
+    _patch_function(monkeypatch, "storage_key", key)
+    monkeypatch.setattr(StepRun, "track_values", track)
+    monkeypatch.setattr(StepRun, "finish", finish)
     _check_step("fork", False, schedule, graph, costs, module, inputs, targets)
     assert len(given) > len(set(given.values()))  # (a key was given twice: the emulation took place)
