@@ -17,8 +17,10 @@ own CPU time left out, as the hand step's is; the own time of each executor is i
 step, over a plain step, and ``new_minus_base_s`` the median of the differences within each round.
 
 Only the executor's package (``src/poetlab/torch/execute/``) comes from the revision (``git show``); the rest
-of poetlab is this tree's, so the revision must have the executor as that package, and one whose executor
-needs other modules as they were then cannot be compared this way.
+of poetlab is this tree's, so the revision must have the executor as that package, or as the one module
+``src/poetlab/torch/execute.py`` it was before the package (loaded as the package's ``__init__``, with the
+helpers it imported from ``poetlab.torch.trace`` taken from ``poetlab.torch.probes``, where they moved); one
+whose executor needs other modules as they were then cannot be compared this way.
 
     python benchmarks/ab_execute.py --base HEAD~1 [--case mobilenetv2_torch:2:1.0,0.7,0.5] [--steps N]
 
@@ -76,12 +78,20 @@ def _git(*args: str) -> str:
 
 
 EXECUTOR = "src/poetlab/torch/execute"
+#: imports of the one-module executor (``execute.py``) whose names have moved since, as they read now
+MOVED_IMPORTS = {"from poetlab.torch.trace import fetch_attr, tensors_in": "from poetlab.torch.probes import fetch_attr, tensors_in"}
 
 
 def executor_sources(revision: str | None) -> dict[str, str]:
     """The executor package's modules at ``revision`` (None: this tree), by file name."""
     if revision is None:
         return {path.name: path.read_text() for path in (ROOT / EXECUTOR).glob("*.py")}
+    package = subprocess.run(["git", "cat-file", "-e", f"{revision}:{EXECUTOR}/__init__.py"], cwd=ROOT, capture_output=True)
+    if package.returncode:  # (the one module, or git's error naming the revision where neither is)
+        source = _git("show", f"{revision}:{EXECUTOR}.py")
+        for old, new in MOVED_IMPORTS.items():
+            source = source.replace(old, new)
+        return {"__init__.py": source}
     names = _git("ls-tree", "--name-only", f"{revision}:{EXECUTOR}").split()
     return {name: _git("show", f"{revision}:{EXECUTOR}/{name}") for name in names if name.endswith(".py")}
 

@@ -292,7 +292,7 @@ def run_case(name: str, batch_size: int, fractions, repeats: int, time_limit_s: 
             "grads_equal": grads_equal,
             "n_unplanned": first.n_unplanned,
             "n_skipped_ops": first.n_skipped_ops,
-            "n_managed_nodes": len(executor._managed),
+            "n_managed_nodes": len(executor.layout.managed),
             "predicted_peak_bytes": predicted.peak_ram_bytes,
             "planned_peak_bytes": measured.planned_peak_bytes,
             "measured_peak_bytes": measured.peak_bytes,

@@ -30,7 +30,7 @@ from poetlab.techniques.compression import compression_costs, graph_densities
 from poetlab.torch.models import ConvChain
 from poetlab.torch.trace import trace
 
-from test_execute import _check_step
+from execute_cases import check_step
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
@@ -72,7 +72,7 @@ def test_compression_is_certified_below_poets_optimum_on_a_conv_chain_and_runs_w
         replayed = simulate(both.schedule, graph, costs, ram_budget_bytes=budget)
         assert replayed.energy_j == pytest.approx(both.energy_j, rel=1e-12) and replayed.peak_ram_bytes <= budget
         assert replayed.n_compresses == both.n_compresses
-        result = _check_step("conv_chain", True, both.schedule, graph, costs, module, inputs, targets)
+        result = check_step("conv_chain", True, both.schedule, graph, costs, module, inputs, targets)
         assert result.n_compresses == replayed.n_compresses > 0
     finally:
         torch.set_num_threads(threads)

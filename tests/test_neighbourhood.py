@@ -30,7 +30,7 @@ def _instance(model, platform, fraction, factor):
     runtime_s = factor * costs.plain_step_runtime_s
 
     def replay(schedule):
-        return simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s, fixed_bytes=graph.workspace_bytes)
+        return simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s, fixed_bytes=graph.reserved_bytes)
 
     return graph, costs, MilpOptions(budget, factor), replay
 

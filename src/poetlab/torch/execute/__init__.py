@@ -5,6 +5,8 @@ with autograd's own engine doing the backward pass. The rules it follows are the
 - :mod:`~poetlab.torch.execute.api`: :func:`execute` (one step), :func:`memory_allowance_bytes`,
   :func:`retain_freed_memory`;
 - :mod:`~poetlab.torch.execute.executor`: :class:`ScheduleExecutor`, a schedule bound to a module once;
+- :mod:`~poetlab.torch.execute.layout`: :class:`StepLayout`, what the schedule asks of each node, found
+  once, and :class:`StepPlan`, what a step does beyond the reference loop (learnt from the first step);
 - :mod:`~poetlab.torch.execute.step`: one step, the reference that advances the schedule op by op;
   :mod:`~poetlab.torch.execute.step_compute` (first runs, reruns, the loss) and
   :mod:`~poetlab.torch.execute.step_records` (storage records, saved-tensor hooks) are its two halves;

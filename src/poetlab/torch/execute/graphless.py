@@ -16,7 +16,7 @@ from poetlab.torch.execute.state import storage_key
 
 if TYPE_CHECKING:
     from poetlab.torch.execute.codegen import Binding
-    from poetlab.torch.execute.executor import ScheduleExecutor
+    from poetlab.torch.execute.layout import StepLayout
     from poetlab.torch.execute.state import NodeState
 
 
@@ -78,7 +78,7 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: Binding) ->
     return frozenset(managed), frozenset(packed), frozenset(hooked), frozenset(kept)
 
 
-def graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
+def graphless_nodes(layout: StepLayout) -> frozenset[int]:
     """The managed forward nodes whose first run builds no autograd graph (:class:`GraphlessRun`): those
     the schedule only recomputes, once, in the backward pass, and that nothing but their own backward node
     reads there.
@@ -96,8 +96,8 @@ def graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
     rerun reads it (a rerun reads the first run's values); and none of its parameters or buffers is any
     other node's (its rerun's engine run accumulates its parameters' gradients by itself: a parameter read
     elsewhere too could add up in another order than a plain step's)."""
-    schedule, binding, nodes = ex.schedule, ex.binding, ex.graph.nodes
-    start = ex._backward_start
+    schedule, binding, nodes = layout.schedule, layout.binding, layout.graph.nodes
+    start = layout.backward_start
     positions: dict[int, list[tuple[int, OpKind]]] = {}
     for position, op in enumerate(schedule.ops):
         positions.setdefault(op.node, []).append((position, op.kind))
@@ -106,28 +106,28 @@ def graphless_nodes(ex: "ScheduleExecutor") -> frozenset[int]:
         if binding.forward_of[j] is not None:
             for i in node.inputs:
                 backward_readers.setdefault(i, set()).add(j)
-    rerun_inputs = {k for j, n in ex._n_computes.items() if n > 1 for k in nodes[j].inputs}
+    rerun_inputs = {k for j, n in layout.n_computes.items() if n > 1 for k in nodes[j].inputs}
 
     def constants(i: int) -> set[int]:
         found: list[torch.Tensor] = []
         members = binding.members[i]
         for m in [*members, *(d for d in outside_inputs(members).values() if d.op == "get_attr")]:
             if m.op == "call_module":
-                module = ex.modules[m.target]
+                module = layout.modules[m.target]
                 found += [*module.parameters(), *module.buffers()]
             elif m.op == "get_attr":
-                value = fetch_attr(ex.gm, str(m.target))
+                value = fetch_attr(layout.gm, str(m.target))
                 if isinstance(value, torch.Tensor):
                     found.append(value)
         return {id(t) for t in found}
 
     candidates = []
-    for i in ex._managed:
+    for i in layout.managed:
         j = binding.backward_of_forward.get(i)
         ops = positions.get(i, [])
         computes = [p for p, kind in ops if kind is OpKind.COMPUTE]
         if (
-            j is None or ex._compiled[i] is None or i == binding.loss or i in rerun_inputs
+            j is None or layout.compiled[i] is None or i == binding.loss or i in rerun_inputs
             or any(kind not in (OpKind.COMPUTE, OpKind.FREE) for _, kind in ops)
             or len(computes) != 2 or not computes[0] < start <= computes[1]
             or not backward_readers.get(i, set()) <= {j}

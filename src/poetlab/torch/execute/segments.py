@@ -15,8 +15,7 @@ from poetlab.torch.execute.codegen import PLAIN_FX_OPS, outside_inputs, generate
 from poetlab.torch.execute.state import COMPRESSION_OPS
 
 if TYPE_CHECKING:
-    from poetlab.torch.execute.executor import ScheduleExecutor
-    from poetlab.torch.execute.step import StepRun
+    from poetlab.torch.execute.layout import StepLayout, StepPlan
 
 
 @dataclass(frozen=True)
@@ -27,17 +26,17 @@ class Segment:
     per operation, per fx node and per dependency) then happens once for the whole run:
 
     - a compute of a node without saved-tensor hooks is its fx nodes, and nothing else (its bookkeeping
-      is an event); a *packed* node's fx nodes run between ``run._begin`` and ``run._finish_in_segment``
-      (once learnt, often the lean ``run._begin_owned`` and ``run._finish_owned``), which switch the hooks
+      is an event); a *packed* node's fx nodes run between ``run.begin`` and ``run.finish_in_segment``
+      (once learnt, often the lean ``run.begin_owned`` and ``run.finish_owned``), which switch the hooks
       on and record what the node owns, as :meth:`StepRun._first_compute` does;
-    - frees of unmanaged nodes are events; frees of managed or kept nodes are ``run._free(node)``,
-      page-outs and compressions ``run._do_at(position)``; the events since the last call are replayed
-      (``run._replay``) before each call, so that the planned bytes are counted in the schedule's order;
+    - frees of unmanaged nodes are events; frees of managed or kept nodes are ``run.free(node)``,
+      page-outs and compressions ``run.do_at(position)``; the events since the last call are replayed
+      (``run.replay``) before each call, so that the planned bytes are counted in the schedule's order;
     - unmanaged nodes whose storages a packed node of the segment may save or view are made known by key
-      (``run._track``) as soon as they have run, unless that node finds its storages where the first step
+      (``run.track``) as soon as they have run, unless that node finds its storages where the first step
       did (:meth:`ScheduleExecutor._learn`); the autograd nodes that get the pre-hooks driving the backward
       pass are collected as the nodes they hook have run (by the code itself once the first step has
-      shown that their values are tensors, else ``run._hook_backward``), and hooked after the run;
+      shown that their values are tensors, else ``run.hook_backward``), and hooked after the run;
     - the parameters and buffers read as attributes (``get_attr``) are the code's own.
 
     ``run(env, run)`` pops the values of ``deps`` from the list ``env`` (last first) and returns those of
@@ -60,33 +59,33 @@ class Segment:
 _FREE, COMPUTE, SKIPPED_FREE, RECOMPUTED_BATCH = 0, 1, 2, 3
 
 
-def _bookkeeping(ex: "ScheduleExecutor", op: Op, position: int) -> tuple[int, int] | None:
-    """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`StepRun._replay`, when it is one for
+def _bookkeeping(layout: StepLayout, handed_frees: frozenset[int], op: Op, position: int) -> tuple[int, int] | None:
+    """``op`` (at ``position``) as an event ``(node, what)`` for :meth:`StepRun.replay`, when it is one for
     which the step has nothing to do but count: a compute (of a node whose work is done elsewhere: a
     segment's, a gradient autograd computes; the caller decides), a "recompute" of the caller's batch
     (which never left), a free of an unmanaged node, a gradient or the batch (the last counted as
     skipped, as :meth:`StepRun._do` does), or a free whose memory autograd gives back by itself (a node handed
     over: :func:`handovers_of`). None when the operation needs real work."""
-    i, inputs = op.node, ex.binding.inputs
+    i, inputs = op.node, layout.binding.inputs
     if op.kind is OpKind.COMPUTE:
-        return (i, RECOMPUTED_BATCH if i in inputs and ex._computed_at[i] != position else COMPUTE)
+        return (i, RECOMPUTED_BATCH if i in inputs and layout.computed_at[i] != position else COMPUTE)
     if op.kind is OpKind.FREE and i in inputs:
         return (i, SKIPPED_FREE)
-    if op.kind is OpKind.FREE and ((i not in ex._managed and i not in ex._kept) or position in ex._handed_frees):
+    if op.kind is OpKind.FREE and ((i not in layout.managed and i not in layout.kept) or position in handed_frees):
         return (i, _FREE)
     return None
 
 
-def backward_runs_of(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
+def backward_runs_of(layout: StepLayout, handed_frees: frozenset[int]) -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, ...]]:
     """(events, ends): for each position of the schedule from the backward pass's first compute on, its
-    operation as an event of :meth:`StepRun._replay` when it is bookkeeping only (:func:`_bookkeeping`: a
+    operation as an event of :meth:`StepRun.replay` when it is bookkeeping only (:func:`_bookkeeping`: a
     gradient autograd computes, once; a free of a gradient, of the batch, or of an unmanaged node the
     forward pass computed), and the end of the run of such operations that starts there (the position
     itself when it needs work). The backward pass, driven from autograd's pre-hooks, replays each run at
     once rather than operation by operation: checkpoint-all's whole backward pass is one run, done after
     ``loss.backward()``."""
-    ops, binding, n_computes = ex.schedule.ops, ex.binding, ex._n_computes
-    start = ex._backward_start
+    ops, binding, n_computes = layout.schedule.ops, layout.binding, layout.n_computes
+    start = layout.backward_start
     forward_computed = {op.node for op in ops[:start] if op.kind is OpKind.COMPUTE}
     events: list[tuple[int, int] | None] = [None] * len(ops)
     for position in range(start, len(ops)):
@@ -96,7 +95,7 @@ def backward_runs_of(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | No
         else:  # (a free of an unmanaged node computed in the backward pass drops its values: _do)
             bookkeeping = op.kind is OpKind.FREE and (binding.forward_of[op.node] is not None or op.node in forward_computed)
         if bookkeeping:
-            events[position] = _bookkeeping(ex, op, position)
+            events[position] = _bookkeeping(layout, handed_frees, op, position)
     ends = list(range(len(ops) + 1))
     for position in range(len(ops) - 1, start - 1, -1):
         if events[position] is not None:
@@ -104,7 +103,7 @@ def backward_runs_of(ex: "ScheduleExecutor") -> tuple[tuple[tuple[int, int] | No
     return tuple(events), tuple(ends)
 
 
-def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
+def handovers_of(layout: StepLayout) -> dict[int, tuple[int, int]]:
     """The nodes whose last free the step can leave to autograd, each with ``(use, free)``: the position
     after whose operation the step has no more use for the node, and that of the free.
 
@@ -115,8 +114,8 @@ def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
     (:meth:`StepRun._hand_over`), the free is bookkeeping (:func:`_bookkeeping`), and a backward pre-hook
     that had only such frees to do is not needed any more (:meth:`ScheduleExecutor._learn`). Nodes that
     are compressed are left out (their copies are the step's to drop)."""
-    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
-    start = ex._backward_start
+    ops, binding, nodes = layout.schedule.ops, layout.binding, layout.graph.nodes
+    start = layout.backward_start
     last_use: dict[int, int] = {}
     last_op: dict[int, tuple[int, Op]] = {}
     compressed: set[int] = set()
@@ -133,7 +132,7 @@ def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
             for k in nodes[i].inputs:
                 last_use[k] = position
     found = {}
-    for k in (ex._managed | ex._kept) - binding.inputs - compressed:
+    for k in (layout.managed | layout.kept) - binding.inputs - compressed:
         free, op = last_op[k]
         use = last_use.get(k, -1)
         if op.kind is OpKind.FREE and start <= use < free:
@@ -146,22 +145,22 @@ def handovers_of(ex: "ScheduleExecutor") -> dict[int, tuple[int, int]]:
 _SEGMENT_CALLS = frozenset({OpKind.FREE, OpKind.PAGE_OUT, OpKind.COMPRESS, OpKind.FREE_COMPRESSED})
 
 
-def segments_of(ex: "ScheduleExecutor") -> dict[int, Segment]:
+def segments_of(layout: StepLayout, plan: StepPlan) -> dict[int, Segment]:
     """The forward pass's runs of two first computes or more (:class:`Segment`), by their first position
     in the schedule. A run ends before an operation its code cannot do (a recompute, a page-in, the
     batch's first compute, the loss's while it is packed) and before a compute that reads a node the run
     has freed: that compute starts the next run, whose dependencies are looked up (and checked) by the step."""
-    ops, binding, nodes = ex.schedule.ops, ex.binding, ex.graph.nodes
+    ops, binding, nodes = layout.schedule.ops, layout.binding, layout.graph.nodes
 
     def forward(i: int) -> bool:
         return binding.forward_of[i] is None and i not in binding.inputs and i != binding.loss
 
     def computable(position: int, op: Op) -> bool:  # (a first compute: recomputes are the step's)
         i = op.node
-        if op.kind is not OpKind.COMPUTE or ex._computed_at.get(i) != position:
+        if op.kind is not OpKind.COMPUTE or layout.computed_at.get(i) != position:
             return False
-        if i == binding.loss:  # (run._compute_loss: not while its reads are checked)
-            return i not in ex._packed_now and i not in ex._managed
+        if i == binding.loss:  # (run.compute_loss: not while its reads are checked)
+            return i not in plan.packed and i not in layout.managed
         return forward(i) and all(m.op in PLAIN_FX_OPS for m in binding.members[i])
 
     runs: list[tuple[int, int]] = []
@@ -175,7 +174,7 @@ def segments_of(ex: "ScheduleExecutor") -> dict[int, Segment]:
                 start, freed = None, set()
             start = position if start is None else start
             continue
-        if (op.kind in (OpKind.FREE, OpKind.COMPUTE) and op.node in binding.inputs and ex._computed_at[op.node] < position) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
+        if (op.kind in (OpKind.FREE, OpKind.COMPUTE) and op.node in binding.inputs and layout.computed_at[op.node] < position) or (op.kind in _SEGMENT_CALLS and forward(op.node)):
             start = position if start is None else start
             if op.kind is OpKind.FREE:
                 freed.add(op.node)
@@ -192,14 +191,14 @@ def segments_of(ex: "ScheduleExecutor") -> dict[int, Segment]:
     segments = {}
     for start, end in runs:
         if sum(op.kind is OpKind.COMPUTE and op.node not in binding.inputs for op in ops[start:end]) >= 2:
-            segments[start] = _compile_segment(ex, start, end)
+            segments[start] = _compile_segment(layout, plan, start, end)
     return segments
 
 
-def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
+def _compile_segment(layout: StepLayout, plan: StepPlan, start: int, end: int) -> Segment:
     """The :class:`Segment` of operations ``start:end``."""
-    binding, nodes, packed = ex.binding, ex.graph.nodes, ex._packed_now
-    ops = ex.schedule.ops[start:end]
+    binding, nodes, packed = layout.binding, layout.graph.nodes, plan.packed
+    ops = layout.schedule.ops[start:end]
     computed = [op.node for op in ops if op.kind is OpKind.COMPUTE and op.node not in binding.inputs]
     in_segment = set(computed)
     freed = {op.node for op in ops if op.kind is OpKind.FREE}
@@ -214,14 +213,14 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
                 deps.setdefault(d.name, d)
     # unmanaged nodes of the segment a packed one reads: known by key at once (their frees are calls, to
     # forget them); not for a packed node that finds its storages where the first step did (_learn)
-    tracked = {k for i in computed if i in packed and i not in ex._owned_sources for k in nodes[i].inputs} & in_segment - packed
-    keep = {i for i in computed if i in ex._managed or (i not in freed and i in ex._kept)}
+    tracked = {k for i in computed if i in packed and i not in plan.owned_sources for k in nodes[i].inputs} & in_segment - packed
+    keep = {i for i in computed if i in layout.managed or (i not in freed and i in layout.kept)}
     outputs = [
         m.name for i in computed for m in binding.members[i]
-        if m.name in ex._external[i] and (i in keep or (i not in freed and any(u.name not in inside for u in m.users)))
+        if m.name in layout.external[i] and (i in keep or (i not in freed and any(u.name not in inside for u in m.users)))
     ]
     # the parameters and buffers it reads as attributes, in its own code (not looked up by the step)
-    attributes = [d for d in deps.values() if d.op == "get_attr" and d.name not in ex._group_of]
+    attributes = [d for d in deps.values() if d.op == "get_attr" and d.name not in layout.group_of]
     looked_up = [d for d in deps.values() if d not in attributes]
     sub = fx.Graph()
     env_list, run = sub.placeholder("env"), sub.placeholder("run")
@@ -232,7 +231,7 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
 
     def flush() -> None:  # (the bookkeeping before the next call, in the schedule's order)
         if events:
-            sub.call_method("_replay", (run, tuple(events)))
+            sub.call_method("replay", (run, tuple(events)))
             events.clear()
 
     def call(method: str, *args: object) -> None:
@@ -242,74 +241,74 @@ def _compile_segment(ex: "ScheduleExecutor", start: int, end: int) -> Segment:
     for position, op in enumerate(ops, start):
         i = op.node
         if op.kind is not OpKind.COMPUTE or i in binding.inputs:  # (the batch is only "recomputed" here)
-            # (a graphless node's free is a call: it lets go of its first run's values, StepRun._free)
-            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked | ex._graphless))
-            event = _bookkeeping(ex, op, position) if bookkeeping else None
+            # (a graphless node's free is a call: it lets go of its first run's values, StepRun.free)
+            bookkeeping = op.kind is OpKind.COMPUTE or (op.kind is OpKind.FREE and (i not in in_segment or i not in packed | tracked | layout.graphless))
+            event = _bookkeeping(layout, plan.handed_frees, op, position) if bookkeeping else None
             if event is None and op.kind is OpKind.FREE and i not in binding.inputs:
-                call("_free", i)  # (what _do does for it)
+                call("free", i)  # (what _do does for it)
             elif event is None:
-                call("_do_at", position)
+                call("do_at", position)
             else:
                 events.append(event)
             continue
         # (a packed node that finds its storages where the first step did, nothing tracked: the lean pair;
         # without the saved-tensor hooks where its fx values and their autograd nodes show them all)
-        owned = i in ex._owned_places and not ex._tracking
-        places = ex._hookless[i][0] if owned and i in ex._hookless else None
+        owned = i in plan.owned_places and not plan.tracking
+        places = plan.hookless[i][0] if owned and i in plan.hookless else None
         if i == binding.loss:
-            call("_compute_loss", i, fx.node.map_arg(binding.output_arg, lambda n: env[n]))
+            call("compute_loss", i, fx.node.map_arg(binding.output_arg, lambda n: env[n]))
             continue
         if places is not None:
             flush()
         elif i in packed:
-            call("_begin_owned", i) if owned else call("_begin", i, True)
-        if i in ex._graphless:  # (its values are those of one call: StepRun._graphless_in_segment)
-            compiled = ex._compiled[i]
+            call("begin_owned", i) if owned else call("begin", i, True)
+        if i in layout.graphless:  # (its values are those of one call: StepRun.graphless_in_segment)
+            compiled = layout.compiled[i]
             assert compiled is not None
-            results = sub.call_method("_graphless_in_segment", (run, i, *[env[d] for d in compiled.deps]))
+            results = sub.call_method("graphless_in_segment", (run, i, *[env[d] for d in compiled.deps]))
             by_name = {m.name: m for m in binding.members[i]}
-            for k, name in enumerate(ex._external[i]):
+            for k, name in enumerate(layout.external[i]):
                 env[by_name[name]] = sub.call_function(operator.getitem, (results, k))
         else:
             for m in binding.members[i]:
                 env[m] = sub.node_copy(m, lambda n: env[n])
-        external = [env[m] for m in binding.members[i] if m.name in ex._external[i]]
+        external = [env[m] for m in binding.members[i] if m.name in layout.external[i]]
         if places is not None:
             by_name = {m.name: env[m] for m in binding.members[i]}
             fns = {name: sub.call_function(getattr, (by_name[name], "grad_fn")) for name in dict.fromkeys(name for name, attr in places if attr)}
             found = tuple(by_name[name] if attr is None else sub.call_function(getattr, (fns[name], attr)) for name, attr in places)
-            sub.call_method("_finish_hookless", (run, i, found))
+            sub.call_method("finish_hookless", (run, i, found))
         elif i in packed:
             if owned:
-                sub.call_method("_finish_owned", (run, i, external))
-            else:  # (the first step also shows its fx values, to find its storages without hooks: _finish)
-                members_now = tuple(env[m] for m in binding.members[i]) if not ex._learnt and i in ex._managed else None
-                sub.call_method("_finish_in_segment", (run, i, external, members_now))
+                sub.call_method("finish_owned", (run, i, external))
+            else:  # (the first step also shows its fx values, to find its storages without hooks: finish)
+                members_now = tuple(env[m] for m in binding.members[i]) if not plan.learnt and i in layout.managed else None
+                sub.call_method("finish_in_segment", (run, i, external, members_now))
                 continue
         else:
             events.append((i, COMPUTE))
             if i in tracked:
-                sub.call_method("_track", (run, i, external))
+                sub.call_method("track", (run, i, external))
         j = binding.backward_of_forward.get(i)
-        if j in ex._hook_at and ex._tensor_valued.get(i):
+        if j in plan.hook_at and plan.tensor_valued.get(i):
             # its outputs' autograd nodes collected here, hooked after the segment (StepRun._hook_pending)
             if pending_hooks is None:
                 pending_hooks = sub.call_function(getattr, (run, "pending_hooks"))
             fns = tuple(sub.call_function(getattr, (v, "grad_fn")) for v in external)
             sub.call_method("append", (pending_hooks, (j, fns)))
-        elif j in ex._hook_at:
-            sub.call_method("_hook_backward", (run, i, external, owned))  # (a lean node's deferred: _finish_owned)
+        elif j in plan.hook_at:
+            sub.call_method("hook_backward", (run, i, external, owned))  # (a lean node's deferred: finish_owned)
     sub.output(tuple(env[m] for m in members if m.name in outputs))
-    module = generated_module(ex.gm, sub)
+    module = generated_module(layout.gm, sub)
     return Segment(
         start=start,
         end=end,
         deps=tuple(looked_up),
-        freed_before=tuple(sorted(freed - in_segment - ex._managed - binding.inputs)),
+        freed_before=tuple(sorted(freed - in_segment - layout.managed - binding.inputs)),
         outputs=tuple(outputs),
         escaping=tuple(
             (i, names) for i in computed
-            if ex._tracking and i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
+            if plan.tracking and i not in packed and i not in tracked and (names := tuple(m.name for m in binding.members[i] if m.name in outputs))
         ),
         events=tuple(events),
         run=module.forward,

@@ -77,7 +77,7 @@ class NodeState:
     unmanaged_keys: tuple[int, ...] = ()  # storage keys of an unmanaged node's values, while they live
     # a graphless node's rerun, between it and its backward: (its values, its inputs, which were detached)
     rerun: tuple[tuple[object, ...], list[object], list[bool]] | None = None
-    # a graphless node's first run's values, from it to its free (StepRun._graphless_in_segment)
+    # a graphless node's first run's values, from it to its free (StepRun.graphless_in_segment)
     first_values: tuple[object, ...] | None = None
 
 

@@ -31,7 +31,7 @@ class StepRun(StepComputing, StepRecords):
     # (slots, not an instance dict, as ScheduleExecutor has them: a step reads and writes its run's and its
     # executor's attributes throughout, on the cold caches its tensors leave: docs/benchmarks.md)
     __slots__ = (
-        "ex", "inputs", "targets", "state", "values", "constants", "records", "_constant_keys", "constants_met",
+        "ex", "layout", "plan", "tensor_valued", "inputs", "targets", "state", "values", "constants", "records", "_constant_keys", "constants_met",
         "batch_keys", "store", "unmanaged_keys", "cursor", "current", "current_packs", "pending_own", "packs",
         "rng_before", "hooks", "seen_fns", "pending_hooks", "worked", "shared", "viewing", "owned_sources",
         "hookless", "loss", "loss_value", "planned", "planned_peak", "n_computes", "n_unplanned", "n_compresses",
@@ -41,6 +41,8 @@ class StepRun(StepComputing, StepRecords):
 
     def __init__(self, ex: ScheduleExecutor, inputs: tuple[torch.Tensor, ...], targets: object):
         self.ex = ex
+        # what the schedule asks of each node, and what this step does beyond the reference loop (NOTE [8])
+        self.layout, self.plan = ex.layout, ex.plan
         self.inputs = inputs
         self.targets = targets
         self.state = [NodeState() for _ in range(ex.graph.n_nodes)]
@@ -51,9 +53,9 @@ class StepRun(StepComputing, StepRecords):
         self.constants_met: set[int] = set()  # keys of the constants met, while the executor learns
         self.batch_keys: set[int] = set()
         self.store: PageStore | None = None
-        if ex._has_pageouts:
+        if ex.layout.has_pageouts:
             self.store = PageStore(ex.paging_dir, prefetch=ex.prefetch, durable=ex.durable)
-        # storage key -> the unmanaged node whose output it is, and a weak reference to the storage (_track_values)
+        # storage key -> the unmanaged node whose output it is, and a weak reference to the storage (track_values)
         self.unmanaged_keys: dict[int, tuple[int, weakref.ref]] = {}
         self.cursor = 0
         self.current: int | None = None
@@ -68,7 +70,7 @@ class StepRun(StepComputing, StepRecords):
         # (_hook_pending)
         self.pending_hooks: list[tuple[int, tuple[object, ...]]] = []
         # backward nodes whose pre-hook had work to do, and the positions of the operations that had it
-        # (ScheduleExecutor._learn)
+        # (what the executor learns from: StepPlan)
         self.worked: dict[int, list[int]] = {}
         self.shared: set[int] = set()  # managed or kept nodes whose storages other nodes hold too (handovers_of)
         self.viewing: set[int] = set()  # unmanaged nodes whose values are views of managed memory
@@ -76,8 +78,10 @@ class StepRun(StepComputing, StepRecords):
         # another node's (ScheduleExecutor._learn)
         self.owned_sources: dict[int, tuple[tuple, ...] | None] = {}
         # where each of those nodes' storages are found without the saved-tensor hooks, None where some are
-        # not (ScheduleExecutor._hookless)
+        # not (StepPlan.hookless)
         self.hookless: dict[int, tuple[tuple[tuple[str, str | None], ...], int] | None] = {}
+        # whether each hooked forward node's values are tensors (StepPlan.tensor_valued)
+        self.tensor_valued: dict[int, bool] = {}
         self.loss: torch.Tensor | None = None
         self.loss_value = math.nan
         self.planned = 0
@@ -95,7 +99,7 @@ class StepRun(StepComputing, StepRecords):
         has learnt which parameters and buffers its managed nodes meet, of those only (the lookups
         of all of them cost a measurable share of a small step)."""
         if self._constant_keys is None:
-            met = self.ex._constants_met
+            met = self.plan.constants_met
             constants = self.ex.constants if met is None else met
             self._constant_keys = {storage_key(t.untyped_storage()) for t in [*constants, *tensors_in(self.targets)]}
             self._constant_keys |= self.batch_keys
@@ -104,14 +108,14 @@ class StepRun(StepComputing, StepRecords):
     def _is_constant(self, key: int) -> bool:
         if key not in self.constant_keys:
             return False
-        if not self.ex._learnt:
+        if not self.plan.learnt:
             self.constants_met.add(key)
         return True
 
     def close(self) -> None:
         self._end_hooks()  # (a step that failed while a packed node ran in a segment)
         if self.state:  # (graphless nodes' autograd functions hold their states, which may hold their outputs)
-            for i in self.ex._graphless:
+            for i in self.layout.graphless:
                 self.state[i].first_values = self.state[i].rerun = None
         if self.store is not None:
             self.store.close()
@@ -129,8 +133,8 @@ class StepRun(StepComputing, StepRecords):
     # -- driving the schedule -------------------------------------------------------------------
     def go(self) -> None:
         ops = self.ex.schedule.ops
-        forward_of = self.ex.binding.forward_of
-        segments = self.ex._segments
+        forward_of = self.layout.binding.forward_of
+        segments = self.plan.segments
         # (the forward pass builds autograd's graph whatever the caller's mode: switched on once, by
         # torch.enable_grad's own call, without the context manager's Python)
         grad_was = torch.is_grad_enabled()
@@ -153,14 +157,14 @@ class StepRun(StepComputing, StepRecords):
             raise ExecutionError("the schedule computes no backward node after the loss; plan on the traced graph")
         # no forward code reads an unmanaged node any more (recomputes read managed ones only): what
         # autograd saved of them, it keeps; the rest goes now, as it would in a plain step
-        holding = {self.ex._group_of[name] for name in self.values} | {i for i, _ in self.unmanaged_keys.values()}
-        for i in holding - self.ex._managed - self.ex._kept - self.ex.binding.inputs:
+        holding = {self.layout.group_of[name] for name in self.values} | {i for i, _ in self.unmanaged_keys.values()}
+        for i in holding - self.layout.managed - self.layout.kept - self.layout.binding.inputs:
             self._drop_values(i)
-        rerun = self.ex._rerun_buffers()  # (on a failure, the step puts every buffer back as it was before it)
-        reset = rerun.before_step is not None and self.ex._unchecked_reads
+        rerun = self.ex.rerun_buffers()  # (on a failure, the step puts every buffer back as it was before it)
+        reset = rerun.before_step is not None and self.plan.unchecked_reads
         if rerun.buffers:
             if reset:
-                versions = [b._version for b in rerun.buffers] if self.ex._hookless else None
+                versions = [b._version for b in rerun.buffers] if self.plan.hookless else None
                 copy_buffers(rerun.buffers, rerun.before_step)  # type: ignore[arg-type]
                 if versions is not None:
                     set_versions(rerun.buffers, versions)  # (ScheduleExecutor._without_hooks)
@@ -181,11 +185,11 @@ class StepRun(StepComputing, StepRecords):
         including ``j``'s compute (nothing if it is done already)."""
         if self.state[j].computed:
             return
-        position = self.ex._computed_at.get(j, -1)
+        position = self.layout.computed_at.get(j, -1)
         if position < self.cursor:
             raise ExecutionError(f"autograd ran {self.ex.graph.nodes[j].name} but the schedule never computes it; plan on the traced graph")
         worked = self._advance(position + 1)
-        if worked and not self.ex._learnt:
+        if worked and not self.plan.learnt:
             self.worked[j] = worked
 
     def _advance(self, stop: int) -> list[int]:
@@ -193,12 +197,12 @@ class StepRun(StepComputing, StepRecords):
         once (:func:`backward_runs_of`), the others one by one, each followed by the hand-overs due after it
         (:func:`handovers_of`). The positions of those that had work to do (more than counting: an operation of
         :meth:`_do`, or the frees of a run of bookkeeping that freed a storage)."""
-        ops, events, ends, handover = self.ex.schedule.ops, self.ex._events, self.ex._bookkeeping_end, self.ex._handover
+        ops, events, ends, handover = self.ex.schedule.ops, self.plan.events, self.plan.bookkeeping_end, self.plan.handover
         worked: list[int] = []
         while self.cursor < stop:
             end = min(ends[self.cursor], stop)
             if end > self.cursor:
-                if self._replay(events[self.cursor:end]):
+                if self.replay(events[self.cursor:end]):
                     worked += [p for p in range(self.cursor, end) if ops[p].kind is OpKind.FREE]
                 self.cursor = end
             else:
@@ -222,26 +226,26 @@ class StepRun(StepComputing, StepRecords):
             self._compression_op(op)
             return
         if op.kind is OpKind.COMPUTE:
-            if self.ex.binding.forward_of[i] is None and st.computed:
+            if self.layout.binding.forward_of[i] is None and st.computed:
                 self._rerun(i)
                 return
             self.n_computes += 1
-            if self.ex.binding.forward_of[i] is not None:  # autograd computes it; we only follow
+            if self.layout.binding.forward_of[i] is not None:  # autograd computes it; we only follow
                 self.n_skipped += int(st.computed)  # a gradient cannot be recomputed outside autograd
                 self._set_in_ram(i, True)
                 st.computed = True
             else:
                 self._first_compute(i)
             return
-        if self.ex.binding.forward_of[i] is not None or i in self.ex.binding.inputs:
+        if self.layout.binding.forward_of[i] is not None or i in self.layout.binding.inputs:
             # Gradients live in autograd's engine, which frees each after its last use as the schedule
             # does; paging one is not possible, nor freeing the caller's batch: those are counted.
-            self.n_skipped += int(op.kind is not OpKind.FREE or i in self.ex.binding.inputs)
+            self.n_skipped += int(op.kind is not OpKind.FREE or i in self.layout.binding.inputs)
             if op.kind is not OpKind.PAGE_OUT:
                 self._set_in_ram(i, op.kind is OpKind.PAGE_IN)
             return
         if op.kind is OpKind.FREE:
-            self._free(i)
+            self.free(i)
         elif op.kind is OpKind.PAGE_OUT:
             assert self.store is not None
             for record in st.owned:
@@ -271,27 +275,27 @@ class StepRun(StepComputing, StepRecords):
         del results
         self.values.update(values)
         for i, names in segment.escaping:  # (only values read later can be seen again: by storage key)
-            self._track(i, [values[name] for name in names])
-        self._replay(segment.events)
+            self.track(i, [values[name] for name in names])
+        self.replay(segment.events)
 
-    def _free(self, i: int) -> None:
+    def free(self, i: int) -> None:
         """The schedule frees forward node ``i`` (not the batch), as :meth:`_do` does."""
         self._set_in_ram(i, False)
-        if i not in self.ex._managed:
+        if i not in self.layout.managed:
             self._drop_values(i)
-            self.state[i].first_values = None  # (a graphless node's: _graphless_in_segment)
+            self.state[i].first_values = None  # (a graphless node's: graphless_in_segment)
 
-    def _do_at(self, position: int) -> None:
+    def do_at(self, position: int) -> None:
         self._do(self.ex.schedule.ops[position])
 
-    def _track(self, i: int, external: Sequence[object]) -> None:
-        self._track_values(i, storages_of(external))
+    def track(self, i: int, external: Sequence[object]) -> None:
+        self.track_values(i, storages_of(external))
 
-    def _replay(self, events: Sequence[tuple[int, int]]) -> bool:
+    def replay(self, events: Sequence[tuple[int, int]]) -> bool:
         """What :meth:`_do` does for computes done elsewhere and frees that need no work (the events
         of :func:`_bookkeeping`), in one loop: the count of the planned bytes and of the storages' holders.
         Whether a node holding storages was among them (a storage may have been freed)."""
-        nbytes, state = self.ex._output_bytes, self.state
+        nbytes, state = self.layout.output_bytes, self.state
         planned, peak = self.planned, self.planned_peak
         held = False
         for i, what in events:  # (_set_in_ram, inlined)
@@ -324,7 +328,7 @@ class StepRun(StepComputing, StepRecords):
         i = op.node
         st = self.state[i]
         name = self.ex.graph.nodes[i].name
-        if self.ex.binding.forward_of[i] is not None or i in self.ex.binding.inputs:
+        if self.layout.binding.forward_of[i] is not None or i in self.layout.binding.inputs:
             self.n_skipped += 1
             if op.kind is OpKind.DECOMPRESS:
                 self._set_in_ram(i, True)

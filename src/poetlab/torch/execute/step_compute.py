@@ -23,9 +23,9 @@ class StepComputing:
     def _resolve(self, dep: fx.Node, local: dict[str, object], detach: bool, reader: str) -> object:
         if dep.name in local:
             return local[dep.name]
-        group = self.ex._group_of.get(dep.name)
+        group = self.layout.group_of.get(dep.name)
         if group is not None:
-            if not self.ex._unchecked_reads:  # (once they are, the first step has found every read's bytes: _learn)
+            if not self.plan.unchecked_reads:  # (once they are, the first step has found every read's bytes: _learn)
                 self._need(group, reader)
             value = self.values.get(dep.name, MISSING)
             if value is MISSING:  # (an unmanaged node's value goes at its free: the schedule freed it)
@@ -39,22 +39,22 @@ class StepComputing:
         args = fx.node.map_arg(n.args, lookup)
         kwargs = fx.node.map_arg(n.kwargs, lookup)
         if n.op == "call_module":
-            return self.ex.modules[n.target](*args, **kwargs)
+            return self.layout.modules[n.target](*args, **kwargs)
         if n.op == "call_function":
             return n.target(*args, **kwargs)
         if n.op == "call_method":
             obj, *rest = args
             return getattr(obj, n.target)(*rest, **kwargs)
         if n.op == "get_attr":
-            return fetch_attr(self.ex.gm, str(n.target))
+            return fetch_attr(self.layout.gm, str(n.target))
         if n.op == "placeholder":
-            return self.inputs[self.ex.placeholders.index(n)]
+            return self.inputs[self.layout.placeholders.index(n)]
         raise ExecutionError(f"cannot run fx node {n.name} ({n.op})")
 
     def _run_group(self, i: int, rerun: bool) -> tuple[dict[str, object], object]:
         """Run forward node ``i``'s fx nodes; returns (values of its external fx nodes, its output). A rerun
-        reads its inputs detached and runs the reruns' code (``ScheduleExecutor._rerun_code``)."""
-        binding = self.ex.binding
+        reads its inputs detached and runs the reruns' code (``StepLayout.rerun_code``)."""
+        binding = self.layout.binding
         reader = self.ex.graph.nodes[i].name
         if i == binding.loss:
             output = binding.output_arg
@@ -63,22 +63,22 @@ class StepComputing:
             else:
                 model_out = fx.node.map_arg(output, lambda d: self._resolve(d, {}, rerun, reader))
             return {}, self.ex.loss_fn(model_out, self.targets)
-        compiled = (self.ex._rerun_code if rerun else self.ex._compiled)[i]
+        compiled = (self.layout.rerun_code if rerun else self.layout.compiled)[i]
         if compiled is not None:
             results = compiled.run(*[self._resolve(d, {}, rerun, reader) for d in compiled.deps])
-            return dict(zip(self.ex._external[i], results, strict=True)), results[-1]
+            return dict(zip(self.layout.external[i], results, strict=True)), results[-1]
         local: dict[str, object] = {}
         out: object = None
         for m in binding.members[i]:
             out = local[m.name] = self._run_fx(m, lambda d: self._resolve(d, local, rerun, reader))
-        return {name: local[name] for name in self.ex._external[i]}, out
+        return {name: local[name] for name in self.layout.external[i]}, out
 
     def _first_compute(self, i: int) -> None:
-        if i in self.ex.binding.inputs:
+        if i in self.layout.binding.inputs:
             self._take_batch(i)
             return
-        self._begin(i, i in self.ex._packed_now)
-        if i in self.ex._graphless:  # (_begin and _finish keep its random state, as any node's)
+        self.begin(i, i in self.plan.packed)
+        if i in self.layout.graphless:  # (begin and finish keep its random state, as any node's)
             values, out = self._run_graphless(i)
         elif torch.is_grad_enabled():  # (the forward pass: go; if it fails, close() switches the hooks off)
             values, out = self._run_group(i, rerun=False)
@@ -86,26 +86,26 @@ class StepComputing:
             with torch.enable_grad():
                 values, out = self._run_group(i, rerun=False)
         self.values.update(values)
-        if i == self.ex.binding.loss:
+        if i == self.layout.binding.loss:
             self.loss = out
             self.loss_value = out.item()
-        self._finish(i, values, out if i == self.ex.binding.loss else list(values.values()))
+        self.finish(i, values, out if i == self.layout.binding.loss else list(values.values()))
 
     def _run_graphless(self, i: int) -> tuple[dict[str, object], object]:
         """:meth:`_run_group` of a graphless node's first run (:class:`GraphlessRun`)."""
-        compiled, reader = self.ex._compiled[i], self.ex.graph.nodes[i].name
+        compiled, reader = self.layout.compiled[i], self.ex.graph.nodes[i].name
         assert compiled is not None
-        results = GraphlessRun.apply(self.state[i], compiled.run, self.ex._trigger, *[self._resolve(d, {}, False, reader) for d in compiled.deps])
-        return dict(zip(self.ex._external[i], results, strict=True)), results[-1]
+        results = GraphlessRun.apply(self.state[i], compiled.run, self.ex.trigger, *[self._resolve(d, {}, False, reader) for d in compiled.deps])
+        return dict(zip(self.layout.external[i], results, strict=True)), results[-1]
 
-    def _graphless_in_segment(self, i: int, *deps: object) -> tuple[object, ...]:
+    def graphless_in_segment(self, i: int, *deps: object) -> tuple[object, ...]:
         """A graphless node's first run in a segment's code (:class:`GraphlessRun`), its random state kept
-        where it draws random numbers (learnt on the first step, as :meth:`_finish` does), for its rerun;
+        where it draws random numbers (learnt on the first step, as :meth:`finish` does), for its rerun;
         the rest of its compute is an unmanaged node's."""
         st = self.state[i]
         draws = self.ex.draws_rng.get(i)
         before = torch.get_rng_state() if draws is not False else None
-        results = GraphlessRun.apply(st, self.ex._compiled[i].run, self.ex._trigger, *deps)  # type: ignore[union-attr]
+        results = GraphlessRun.apply(st, self.layout.compiled[i].run, self.ex.trigger, *deps)  # type: ignore[union-attr]
         # (held until its free: the segment's code drops them at their last use, and a storage gone before
         # then would leave its key, made known while the first step tracks storages, to the next one made there)
         st.first_values = results
@@ -114,7 +114,7 @@ class StepComputing:
         st.rng_state = before if draws else None
         return results
 
-    def _compute_loss(self, i: int, model_out: object) -> None:
+    def compute_loss(self, i: int, model_out: object) -> None:
         """The loss node ``i``'s first compute in a segment, on the model's outputs: what
         :meth:`_first_compute` does for an unpacked loss, in one call."""
         self.loss = loss = self.ex.loss_fn(model_out, self.targets)
@@ -122,43 +122,43 @@ class StepComputing:
         self.n_computes += 1
         self.state[i].computed = True
         self._set_in_ram(i, True)
-        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
-            self._hook_backward(i, loss, defer=True)
+        if self.layout.binding.backward_of_forward.get(i) in self.plan.hook_at:
+            self.hook_backward(i, loss, defer=True)
 
     def _take_batch(self, i: int) -> None:
         """Input node ``i`` (placeholders only): the caller's batch, never freed or paged, whose storages
         count as constants. Taken as it is, without the general path."""
-        values = {name: self.inputs[k] for name, k in self.ex._batch_of[i]}
+        values = {name: self.inputs[k] for name, k in self.layout.batch_of[i]}
         self.values.update(values)
-        if self.ex._tracking:  # (else no storage is looked up by key: _learn)
+        if self.plan.tracking:  # (else no storage is looked up by key: _learn)
             storages = storages_of(values.values())
             self.batch_keys.update(storage_key(storage) for storage in storages)
             if self._constant_keys is not None:
                 self._constant_keys |= self.batch_keys
-            self._track_values(i, storages)
+            self.track_values(i, storages)
         self.state[i].computed = True
         self._set_in_ram(i, True)
 
     def _recompute(self, i: int) -> None:
         """Rerun forward node ``i`` on its inputs and put the fresh bytes into its emptied storages."""
         st = self.state[i]
-        if i in self.ex.binding.inputs:  # the caller's batch never left: nothing to rerun
+        if i in self.layout.binding.inputs:  # the caller's batch never left: nothing to rerun
             self._set_in_ram(i, True)
             return
         # the buffers it updates a second time (_node_buffers: not BatchNorm's, whose stand-ins write none)
-        # are put back after it; in the backward pass, once after it (ScheduleExecutor._rerun_buffers)
-        kept = self.buffers_kept and i in self.ex._rerun_in_backward
-        buffers, backup = ([], []) if kept else self.ex._group_buffers(i)
+        # are put back after it; in the backward pass, once after it (ScheduleExecutor.rerun_buffers)
+        kept = self.buffers_kept and i in self.layout.rerun_in_backward
+        buffers, backup = ([], []) if kept else self.ex.group_buffers(i)
         if buffers:
             torch._foreach_copy_(backup, buffers)
         # the buffers it writes, whose versions go back after it where it leaves them as they were saved: put
         # back here, or reset before the backward pass (ScheduleExecutor._without_hooks); not those kept
         # and put back after the backward pass
         touched = None
-        if self.ex._hookless and not kept:
+        if self.plan.hookless and not kept:
             touched = buffers
-        elif self.ex._hookless and self.ex._backward_buffers.before_step is not None:  # type: ignore[union-attr]
-            touched = self.ex._group_buffers(i)[0]
+        elif self.plan.hookless and self.ex.rerun_buffers().before_step is not None:
+            touched = self.ex.group_buffers(i)[0]
         versions = [b._version for b in touched] if touched else None
         # The pack hook is ``recorded.append``: only the tensor is wanted (its storage is what the rerun made),
         # and the rerun's graph is never run backward, so autograd keeps nothing (append's None). Handing
@@ -170,7 +170,7 @@ class StepComputing:
         if st.rng_state is not None:  # (what torch.random.fork_rng does on the CPU, without its overhead)
             rng_after = torch.get_rng_state()
             torch.set_rng_state(st.rng_state)
-        graphless = i in self.ex._graphless
+        graphless = i in self.layout.graphless
         start = time.thread_time()
         grad_was = torch.is_grad_enabled()  # (off in the backward pass)
         if not graphless:
@@ -178,7 +178,7 @@ class StepComputing:
         try:
             torch._C._set_grad_enabled(True)  # (torch.enable_grad's own call, without its two Python calls)
             if graphless:  # (its graph is kept: autograd runs it backward, GraphlessRun.backward)
-                compiled, reader = self.ex._rerun_code[i], self.ex.graph.nodes[i].name
+                compiled, reader = self.layout.rerun_code[i], self.ex.graph.nodes[i].name
                 inputs = [self._resolve(d, {}, True, reader) for d in compiled.deps]  # type: ignore[union-attr]
                 results = compiled.run(*inputs)  # type: ignore[union-attr]
             else:
@@ -197,7 +197,7 @@ class StepComputing:
         if graphless:
             # (the detached inputs are the step's values; the constants, its parameters, are not: their
             # gradients go to them directly)
-            st.rerun = (results, inputs, [d.name in self.ex._group_of for d in compiled.deps])  # type: ignore[union-attr]
+            st.rerun = (results, inputs, [d.name in self.layout.group_of for d in compiled.deps])  # type: ignore[union-attr]
             self._set_in_ram(i, True)
             return
         try:

@@ -21,7 +21,7 @@ class StepRecords:
 
     __slots__ = ()
 
-    def _track_values(self, i: int, storages: Sequence[torch.UntypedStorage]) -> None:
+    def track_values(self, i: int, storages: Sequence[torch.UntypedStorage]) -> None:
         """Unmanaged node ``i``'s values live in ``storages``: a managed node that saves or views them finds
         their producer (:meth:`_unmanaged_producer`; :meth:`_drop_values` forgets them).
 
@@ -36,7 +36,7 @@ class StepRecords:
             self.unmanaged_keys[key] = (i, weakref.ref(storage))
 
     def _unmanaged_producer(self, key: int) -> int | None:
-        """The unmanaged node whose value lives in the storage of ``key`` (:meth:`_track_values`), if any:
+        """The unmanaged node whose value lives in the storage of ``key`` (:meth:`track_values`), if any:
         not one whose storage of that key has died since (the key is now another storage's)."""
         entry = self.unmanaged_keys.get(key)
         if entry is None:
@@ -48,7 +48,7 @@ class StepRecords:
 
     def _drop_values(self, i: int) -> None:
         """Forget unmanaged node ``i``'s values: their memory goes when autograd no longer needs it."""
-        for name in self.ex._external[i]:
+        for name in self.layout.external[i]:
             self.values.pop(name, None)
         # (the keys go too: once its memory is freed, a new storage may come to have the same key)
         for key in self.state[i].unmanaged_keys:
@@ -62,7 +62,7 @@ class StepRecords:
         its storages, leaving them to autograd, which lets go of them after the last backward node that
         reads them. Its free is then counted only; it stays in RAM for the planned bytes until then."""
         st = self.state[i]
-        if self.ex._tracking:  # (else none was entered: _finish_owned)
+        if self.plan.tracking:  # (else none was entered: finish_owned)
             for record in st.owned:
                 del self.records[storage_key(record.storage)]
         st.owned = st.held = st.paged = ()
@@ -74,18 +74,18 @@ class StepRecords:
         if st.in_ram == in_ram:
             return
         st.in_ram = in_ram
-        self.planned += (1 if in_ram else -1) * self.ex._output_bytes[i]
+        self.planned += (1 if in_ram else -1) * self.layout.output_bytes[i]
         self.planned_peak = max(self.planned_peak, self.planned)
         self._count_holders(st, in_ram)
 
     def _count_holders(self, st: NodeState, in_ram: bool) -> None:
         """A node holding storages entered or left RAM: free the storages nobody holds any more.
 
-        Once nothing is tracked (``ScheduleExecutor._tracking``), every storage with a record is its
+        Once nothing is tracked (``StepPlan.tracking``), every storage with a record is its
         owner's alone (a node that holds another's keeps the tracking on: :meth:`ScheduleExecutor._learn`),
         so none is counted: each goes when its owner leaves RAM. (A count would be paid per storage three
         times a step: in at its compute and its rerun, out at its free.)"""
-        tracking = self.ex._tracking
+        tracking = self.plan.tracking
         if in_ram and not tracking:
             return
         for record in st.held:
@@ -97,35 +97,35 @@ class StepRecords:
                 self._wait(record)
             record.storage.resize_(0)
 
-    def _begin(self, i: int, packed: bool) -> None:
+    def begin(self, i: int, packed: bool) -> None:
         """Forward node ``i`` is about to run for the first time: keep the RNG state before it (while it
         is not known whether the node draws random numbers) and, for a packed node, switch autograd's
-        saved-tensor hooks on (:meth:`_finish` switches them off)."""
+        saved-tensor hooks on (:meth:`finish` switches them off)."""
         self.rng_before = torch.get_rng_state() if self.ex.draws_rng.get(i) is not False else None
         self.current, self.current_packs, self.pending_own = i, 0, []
         if packed:
-            if self.ex._unchecked_reads:
+            if self.plan.unchecked_reads:
                 self.packs = []
                 self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack_unchecked, unpack_unchecked)
             else:
                 self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             self.hooks.__enter__()
 
-    def _begin_owned(self, i: int) -> None:
-        """:meth:`_begin` for a managed node that finds its storages where the first step did, nothing
-        tracked (:meth:`_finish_owned`): the RNG state only where the node draws random numbers, and the
+    def begin_owned(self, i: int) -> None:
+        """:meth:`begin` for a managed node that finds its storages where the first step did, nothing
+        tracked (:meth:`finish_owned`): the RNG state only where the node draws random numbers, and the
         saved-tensor hooks pushed directly (:data:`push_saved_hooks`)."""
         self.rng_before = torch.get_rng_state() if self.ex.draws_rng[i] else None
         self.current, self.packs = i, []
         push_saved_hooks(self._pack_unchecked, unpack_unchecked)
         self.hooks = PUSHED
 
-    def _finish_owned(self, i: int, external: list[object]) -> None:
-        """:meth:`_finish_in_segment` for such a node (:meth:`_begin_owned`). Its storages are taken
-        from their places among its saved tensors and values (``ScheduleExecutor._owned_places``), and
+    def finish_owned(self, i: int, external: list[object]) -> None:
+        """:meth:`finish_in_segment` for such a node (:meth:`begin_owned`). Its storages are taken
+        from their places among its saved tensors and values (``StepPlan.owned_places``), and
         not entered in :attr:`records` by key: once nothing is tracked, nothing looks one up (the
         checked reads and the sorting out of other nodes' storages do; :meth:`ScheduleExecutor._learn`).
-        That and the general path's dispatch were a third of :meth:`_finish`'s time. The hooks it pushed are popped and it
+        That and the general path's dispatch were a third of :meth:`finish`'s time. The hooks it pushed are popped and it
         enters RAM here, without :meth:`_end_hooks` and :meth:`_set_in_ram` (nothing to count: not
         tracking, :meth:`_count_holders`); the segment's code collects its autograd nodes to hook."""
         pop_saved_hooks()  # type: ignore[misc]
@@ -137,14 +137,14 @@ class StepRecords:
         self.n_computes += 1
         st.owned = st.held = self._learnt_storages(i, packs, external)  # type: ignore[arg-type]
         st.computed = st.in_ram = True
-        self.planned += self.ex._output_bytes[i]
+        self.planned += self.layout.output_bytes[i]
         if self.planned > self.planned_peak:
             self.planned_peak = self.planned
 
-    def _finish_hookless(self, i: int, found: tuple[torch.Tensor, ...]) -> None:
-        """:meth:`_finish_owned` for a managed node that ran without the saved-tensor hooks
-        (``ScheduleExecutor._hookless``): ``found`` has the tensors whose storages it owns, in the order of
-        ``ScheduleExecutor._owned_sources``, taken by the segment's code from its fx values and from what
+    def finish_hookless(self, i: int, found: tuple[torch.Tensor, ...]) -> None:
+        """:meth:`finish_owned` for a managed node that ran without the saved-tensor hooks
+        (``StepPlan.hookless``): ``found`` has the tensors whose storages it owns, in the order of
+        ``StepPlan.owned_sources``, taken by the segment's code from its fx values and from what
         their autograd nodes saved (``grad_fn._saved_*``). Autograd keeps its saved tensors as they are:
         freeing one empties the storage it shares with them, and a rerun's bytes are swapped into it.
         Pushing the hooks costs a Python call per saved tensor as autograd saves it and another as it reads
@@ -152,23 +152,23 @@ class StepRecords:
         saved from its autograd node instead (the rest are its fx values). Reading them there costs the group
         less than half of what the hooks do (docs/benchmarks.md)."""
         st = self.state[i]
-        st.n_packs = self.ex._hookless[i][1]
+        st.n_packs = self.plan.hookless[i][1]
         self.n_computes += 1
         st.owned = st.held = tuple(
             StorageRecord(storage, storage.nbytes(), i, source)
-            for storage, source in zip([t.untyped_storage() for t in found], self.ex._owned_sources[i], strict=True)
+            for storage, source in zip([t.untyped_storage() for t in found], self.plan.owned_sources[i], strict=True)
         )
         st.computed = st.in_ram = True
-        self.planned += self.ex._output_bytes[i]
+        self.planned += self.layout.output_bytes[i]
         if self.planned > self.planned_peak:
             self.planned_peak = self.planned
 
     def _learnt_storages(self, i: int, packs: list[torch.Tensor], external: list[object]) -> tuple[StorageRecord, ...]:
         """Records of the storages managed node ``i`` owns, taken where the first step found them
-        (``ScheduleExecutor._owned_places``): among the tensors it saved (``packs``) and its external
-        values (``external``, in the order of ``ScheduleExecutor._external``)."""
+        (``StepPlan.owned_places``): among the tensors it saved (``packs``) and its external
+        values (``external``, in the order of ``StepLayout.external``)."""
         owned = []
-        for (from_pack, index, k), source in zip(self.ex._owned_places[i], self.ex._owned_sources[i], strict=True):
+        for (from_pack, index, k), source in zip(self.plan.owned_places[i], self.plan.owned_sources[i], strict=True):
             t = packs[index] if from_pack else external[index]
             if not isinstance(t, torch.Tensor):
                 t = tensors_in(t)[k]
@@ -183,13 +183,13 @@ class StepRecords:
         elif hooks is not None:
             hooks.__exit__(None, None, None)
 
-    def _finish_in_segment(self, i: int, external: Sequence[object], members: tuple[object, ...] | None = None) -> None:
+    def finish_in_segment(self, i: int, external: Sequence[object], members: tuple[object, ...] | None = None) -> None:
         self.n_computes += 1
-        self._finish(i, dict(zip(self.ex._external[i], external, strict=True)), list(external), in_segment=True)
+        self.finish(i, dict(zip(self.layout.external[i], external, strict=True)), list(external), in_segment=True)
         if members is not None and self.owned_sources.get(i) is not None:
             self.hookless[i] = self._hookless_places(i, members)
 
-    def _finish(self, i: int, values: dict[str, object], hooked: object, in_segment: bool = False) -> None:
+    def finish(self, i: int, values: dict[str, object], hooked: object, in_segment: bool = False) -> None:
         """Forward node ``i`` has run (values: its external fx nodes'): hooks off, then record the
         storages it owns (its values' new storages and those autograd saved that nobody else made), count
         it in RAM and hook its backward node (on ``hooked``, its outputs) where the schedule needs it."""
@@ -204,19 +204,19 @@ class StepRecords:
             draws = self.ex.draws_rng[i] = not torch.equal(self.rng_before, torch.get_rng_state())
         if draws:
             st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
-        managed = i in self.ex._managed
-        sources = self.ex._owned_sources.get(i) if packs is not None else None
-        tracking = self.ex._tracking
+        managed = i in self.layout.managed
+        sources = self.plan.owned_sources.get(i) if packs is not None else None
+        tracking = self.plan.tracking
         storages = storages_of(values.values()) if tracking and not managed else []
         if sources is not None:
             st.owned = st.held = self._learnt_storages(i, packs, list(values.values()))  # type: ignore[arg-type]
-            if tracking:  # (else nothing looks them up: _finish_owned)
+            if tracking:  # (else nothing looks them up: finish_owned)
                 self.records.update((storage_key(record.storage), record) for record in st.owned)
         elif not managed and (not tracking or not any(storage_key(storage) in self.records for storage in storages)):
             # unmanaged, and no view of a managed node's memory (learnt, when not tracking: nodes that view
             # one are packed, _learn): autograd and reference counting free it
             if tracking:
-                self._track_values(i, storages)
+                self.track_values(i, storages)
         else:
             if not managed:
                 self.viewing.add(i)
@@ -250,12 +250,12 @@ class StepRecords:
                     self.shared.add(record.owner)
                 held[key] = record
             st.held = tuple(held.values())
-            if managed and not self.ex._learnt:
+            if managed and not self.plan.learnt:
                 self.owned_sources[i] = tuple(record.source for record in st.owned) if own_only else None
         st.computed = True
         self._set_in_ram(i, True)
-        if self.ex.binding.backward_of_forward.get(i) in self.ex._hook_at:
-            self._hook_backward(i, hooked, defer=in_segment)
+        if self.layout.binding.backward_of_forward.get(i) in self.plan.hook_at:
+            self.hook_backward(i, hooked, defer=in_segment)
 
     def _hookless_places(self, i: int, members: tuple[object, ...]) -> tuple[tuple[tuple[str, str | None], ...], int] | None:
         """Where managed node ``i``'s storages (``st.owned``, just recorded by the first step) are found
@@ -270,7 +270,7 @@ class StepRecords:
         if not self.ex.strict or self.ex.draws_rng.get(i) or not owned or any(r.nbytes == 0 for r in owned) or st.n_packs == 0:
             return None
         where: dict[int, tuple[str, str | None]] = {}
-        names = [m.name for m in self.ex.binding.members[i]]
+        names = [m.name for m in self.layout.binding.members[i]]
         for name, value in zip(names, members, strict=True):
             if isinstance(value, torch.Tensor):
                 where.setdefault(storage_key(value.untyped_storage()), (name, None))
@@ -292,23 +292,23 @@ class StepRecords:
         only when neither needs it."""
         st = self.state[producer]
         self.shared.add(producer)
-        record = StorageRecord(storage, storage.nbytes(), producer, ("value", self.ex._external[producer][-1], 0))
+        record = StorageRecord(storage, storage.nbytes(), producer, ("value", self.layout.external[producer][-1], 0))
         st.owned += (record,)
         st.held += (record,)
         if st.in_ram:
             record.refs += 1
         return record
 
-    def _hook_backward(self, i: int, value: object, defer: bool = False) -> None:
+    def hook_backward(self, i: int, value: object, defer: bool = False) -> None:
         """A pre-hook on the autograd nodes of forward node ``i``'s outputs (``value``), to drive the
         schedule; registered after the segment that runs ``i`` when ``defer`` (:meth:`_hook_pending`). The
         engine runs a group's autograd nodes one after another in decreasing creation order, so the
         output's node, created last, is the first of the group to run."""
-        j = self.ex.binding.backward_of_forward.get(i)
+        j = self.layout.binding.backward_of_forward.get(i)
         if j is None:
             return
-        if not self.ex._learnt and isinstance(value, list):
-            self.ex._tensor_valued[i] = all(isinstance(v, torch.Tensor) for v in value)
+        if not self.plan.learnt and isinstance(value, list):
+            self.tensor_valued[i] = all(isinstance(v, torch.Tensor) for v in value)
         self.pending_hooks.append((j, tuple(t.grad_fn for t in tensors_in(value))))
         if not defer:
             self._hook_pending()
@@ -349,7 +349,7 @@ class StepRecords:
         """:meth:`_pack` once the first step has shown that every read finds its bytes in RAM (no prefetch,
         nothing fetched unplanned: :meth:`ScheduleExecutor._learn`). The same code reads the same storages
         at the same moments every step, so there is nothing left to check when autograd reads one: the
-        saved tensor is only collected, and :meth:`_finish` finds the node's storages among them. Still a
+        saved tensor is only collected, and :meth:`finish` finds the node's storages among them. Still a
         Python call per saved tensor, but no record looked up, made or checked (the encoder's layer saves
         28 tensors)."""
         self.packs.append(t)  # type: ignore[union-attr]
