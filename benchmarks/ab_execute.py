@@ -58,6 +58,7 @@ from poetlab.torch.kernels import planned_kernels
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_execute import SCHEDULES, _drop_grads, _plain, _same_grads  # noqa: E402
 
+from poetlab.planners.comparison import budget_ladder  # noqa: E402
 from poetlab.planners.kept_plans import planned_schedule  # noqa: E402
 from poetlab.torch.reference_steps import HandStep  # noqa: E402
 
@@ -149,11 +150,11 @@ def run_case(base: ModuleType, new: ModuleType, name: str, batch_size: int, frac
     model = build_torch_model(name, batch_size)
     graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=True, name=name)
     costs = poetlab.CostModel.from_profile(graph, profile)
-    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     n_steps = steps or max(100, min(500, math.ceil(3.0 / profile.model.step_runtime_s)))
     rows = []
     for fraction in fractions:
-        schedule, status, message = planned_schedule(graph, costs, fraction * full, f"{name}-x{batch_size}-{fraction:g}-poet", "poet", time_limit_s, schedules)
+        (budget,) = budget_ladder(graph, costs, [fraction])
+        schedule, status, message = planned_schedule(graph, costs, budget, f"{name}-x{batch_size}-{fraction:g}-poet", "poet", time_limit_s, schedules)
         if schedule is None:
             rows.append({"model": name, "batch_size": batch_size, "budget_fraction": fraction, "status": status, "message": message})
             continue
