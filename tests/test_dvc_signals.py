@@ -69,6 +69,8 @@ def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, tmp
         dvc.wait(timeout=30)
         try:
             _wait_for(lambda: not _run_processes(copy), 10, "every process of the stage to die with dvc")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; still alive: {_run_processes(copy)}") from None
         finally:
             for pid in _run_processes(copy):  # (the old behaviour: papermill and its kernel run on)
                 os.kill(pid, signal.SIGKILL)

@@ -43,6 +43,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 WATCH_EVERY_S = 0.1
 GRACE_S = 2.0  # between SIGTERM and SIGKILL to what runs below the launcher
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: set to the launcher's pid in its command's environment, which the kernel and its workers inherit
+RUN_MARKER = "POETLAB_STAGE_LAUNCHER"
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,10 @@ def _die_with_launcher() -> None:  # (in the child, between fork and exec)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _descendants(root: int) -> list[int]:
-    """Live processes below ``root`` (children first), read from ``/proc``."""
+def _descendants(root: int, marker: bytes | None = None) -> list[int]:
+    """Live processes below ``root`` (children first), read from ``/proc``, and those whose environment
+    holds ``marker`` (:data:`RUN_MARKER`, which the launcher gives its command): a process that left the
+    tree, its parent ended before this one could adopt it, is still found by what it inherited."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -117,7 +121,19 @@ def _descendants(root: int) -> list[int]:
         for child in children.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
+    if marker is not None:
+        for pids in children.values():
+            for pid in pids:
+                if pid not in found and pid != root and _has_marker(pid, marker):
+                    found.append(pid)
     return found
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def _reap() -> None:
@@ -134,6 +150,7 @@ def _reap() -> None:
 def kill_below(command: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     """End COMMAND's process group and every process below this one: SIGTERM (a ``poetlab`` command then
     removes its page files), and SIGKILL for what is still there after ``grace_s``."""
+    marker = f"{RUN_MARKER}={os.getpid()}".encode()
     for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         try:
             os.killpg(command.pid, signum)
@@ -148,7 +165,7 @@ def kill_below(command: subprocess.Popen, grace_s: float = GRACE_S) -> None:
         deadline = time.monotonic() + wait_s
         sent: set[int] = set()
         while time.monotonic() < deadline:
-            below = _descendants(os.getpid())
+            below = _descendants(os.getpid(), marker)
             if not below:
                 break
             for pid in set(below) - sent:  # (once each: a second SIGTERM may cut a cleanup short)
@@ -160,7 +177,7 @@ def kill_below(command: subprocess.Popen, grace_s: float = GRACE_S) -> None:
             time.sleep(0.02)
             _reap()
         _reap()
-        if not _descendants(os.getpid()):
+        if not _descendants(os.getpid(), marker):
             return
 
 
@@ -213,7 +230,7 @@ def run_stage(stage: str, command: list[str], parent: int | None) -> int:
         else:
             _prctl(_PR_SET_CHILD_SUBREAPER, 1)
             try:
-                process = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_launcher)
+                process = subprocess.Popen(command, process_group=0, preexec_fn=_die_with_launcher, env={**os.environ, RUN_MARKER: str(os.getpid())})
             except OSError as exc:
                 raise InvalidArgumentError(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
             why = None
