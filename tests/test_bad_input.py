@@ -482,10 +482,15 @@ def _wait_for(condition, timeout_s: float, what: str):
 
 
 def _start_cli(*args: str, cwd: Path):
+    """The CLI as a terminal starts it: SIGINT at its default. A shell without job control starts a
+    background job (``make test &``, a CI runner) with SIGINT ignored, every process below inherits that,
+    and Python then leaves it ignored, as it should: Ctrl-C is not meant for background jobs."""
+    import signal
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "poetlab", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "poetlab", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 # a MILP that runs for minutes: a tight budget and no gap tolerance (stopped long before its limit)
