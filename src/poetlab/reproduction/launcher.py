@@ -11,8 +11,9 @@ the stage's outputs after ``dvc repro`` has ended. So each stage runs papermill 
 - starts COMMAND in a process group of its own, which Linux sends SIGKILL should the launcher itself be
   killed (``PR_SET_PDEATHSIG``), and adopts what COMMAND's processes leave orphaned
   (``PR_SET_CHILD_SUBREAPER``), so the Jupyter kernel stays below it;
-- when DVC ends, or on SIGTERM, SIGINT or SIGHUP: ends every process below it (SIGTERM, then SIGKILL
-  after ``GRACE_S``), removes the stage's outputs as ``dvc.yaml`` declares them (DVC removed the committed
+- when DVC ends, or on SIGTERM, SIGINT or SIGHUP: ends every process below it, and every process whose
+  environment carries its :data:`RUN_MARKER` (the kernel's workers can leave the tree before the launcher
+  adopts them) (SIGTERM, then SIGKILL after ``GRACE_S``), removes the stage's outputs as ``dvc.yaml`` declares them (DVC removed the committed
   ones before the stage ran, so what is there is this run's half) with the temporary files of atomic
   writes cut short beside them, prints one line and exits non-zero; the stage's
   ``|| python -m poetlab.reproduction failed STAGE`` then says how to restore the committed outputs.
