@@ -42,6 +42,16 @@ def new_file_mode(existing: Path) -> int:
     return 0o666 & ~mask
 
 
+_TMP_SUFFIX = ".tmp"
+
+
+def atomic_write_leftovers(path: str | os.PathLike[str]) -> list[Path]:
+    """The temporary files :func:`write_text_atomic` left beside ``path`` when a write to it was killed
+    before its rename (a killed process runs no cleanup)."""
+    path = Path(path)
+    return sorted(path.parent.glob(f".{path.name}.*{_TMP_SUFFIX}")) if path.parent.is_dir() else []
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename.
 
@@ -54,7 +64,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     tmp: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=_TMP_SUFFIX)
         os.fchmod(fd, new_file_mode(target))
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

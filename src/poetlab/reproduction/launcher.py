@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from poetlab.core.files import atomic_write_leftovers
 from poetlab.errors import InvalidArgumentError
 
 _PR_SET_PDEATHSIG = 1
@@ -201,15 +202,14 @@ def stage_outputs(stage: str, root: Path) -> list[Path]:
 
 def remove_outputs(paths: list[Path]) -> None:
     """Remove ``paths`` and the temporary files of atomic writes to them cut short
-    (:func:`poetlab.core.files.write_text_atomic`'s ``.NAME.*.tmp``)."""
+    (:func:`poetlab.core.files.atomic_write_leftovers`)."""
     for path in paths:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-        if path.parent.is_dir():
-            for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
+        for tmp in atomic_write_leftovers(path):
+            tmp.unlink(missing_ok=True)
 
 
 def run_stage(stage: str, command: list[str], parent: int | None) -> int:
