@@ -19,7 +19,7 @@ import sys
 from poetlab.core.files import write_text_atomic
 from poetlab.errors import PoetlabError
 from poetlab.reproduction.config import STAGES, stage_config
-from poetlab.reproduction.launcher import run_stage
+from poetlab.reproduction.launcher import RESTORE_HINT, run_stage
 
 USAGE = (
     "usage: python -m poetlab.reproduction check STAGE|all [PRESET] [--stamp FILE] | failed STAGE"
@@ -31,7 +31,7 @@ STAMP_TEXT = "every reproduction stage's parameters in params.yaml passed `pytho
 def main(argv: list[str]) -> int:
     argv = list(argv)
     if len(argv) == 2 and argv[0] == "failed":
-        print(f"dvc repro: stage {argv[1]} failed; `git checkout experiments` restores the committed outputs", file=sys.stderr)
+        print(f"dvc repro: stage {argv[1]} failed; {RESTORE_HINT}", file=sys.stderr)
         return 1
     if argv[:1] == ["run"]:
         return _run(argv[1:])

@@ -15,9 +15,11 @@ the stage's outputs after ``dvc repro`` has ended. So each stage runs papermill 
   environment carries its :data:`RUN_MARKER` (the kernel's workers can leave the tree before the launcher
   adopts them) (SIGTERM, then SIGKILL after ``GRACE_S``), removes the stage's outputs as ``dvc.yaml`` declares them (DVC removed the committed
   ones before the stage ran, so what is there is this run's half) with the temporary files of atomic
-  writes cut short beside them, prints one line and exits non-zero; the stage's
-  ``|| python -m poetlab.reproduction failed STAGE`` then says how to restore the committed outputs.
-  Outputs DVC keeps (``persist``) are left alone.
+  writes cut short beside them, prints one line that ends with :data:`RESTORE_HINT` and exits non-zero.
+  The line says how to restore the committed outputs itself: the stage's
+  ``|| python -m poetlab.reproduction failed STAGE`` does not run after a Ctrl-C where DVC's shell is
+  ``/bin/sh`` (dash, DVC's choice when ``SHELL`` is unset), which dies of the terminal's SIGINT before
+  ``||``. Outputs DVC keeps (``persist``) are left alone.
 
 After COMMAND ends by itself, whatever it left running below the launcher is killed too. Linux (``/proc``,
 ``prctl``) gets all of this; elsewhere the launcher still watches DVC and kills COMMAND's process group.
@@ -47,6 +49,8 @@ GRACE_S = 2.0  # between SIGTERM and SIGKILL to what runs below the launcher
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: set to the launcher's pid in its command's environment, which the kernel and its workers inherit
 RUN_MARKER = "POETLAB_STAGE_LAUNCHER"
+#: how a user gets back what a failed or stopped stage removed (DVC removes a stage's outputs before it runs)
+RESTORE_HINT = "`git checkout experiments` restores the committed outputs"
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,8 @@ def run_stage(stage: str, command: list[str], parent: int | None) -> int:
             kill_below(process)
         remove_outputs(outputs)
         try:
-            print(f"poetlab: stage {stage} stopped ({why}): its processes ended, its partial outputs removed", file=sys.stderr)
+            print(f"poetlab: stage {stage} stopped ({why}): its processes ended, its partial outputs removed; {RESTORE_HINT}",
+                  file=sys.stderr)
         except OSError:
             pass  # (DVC's end closed the pipe this went to)
         return 128 + ended[0] if ended else 1
