@@ -6,9 +6,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PLATFORM_DIR = REPO / "src" / "poetlab" / "core" / "platform_specs"  # the built-in platforms
-
 
 @pytest.fixture
 def run_cli():

@@ -9,7 +9,7 @@ import yaml
 
 from poetlab import TrainingGraph, build_paper_graph
 
-from conftest import PLATFORM_DIR
+from repo_paths import PLATFORM_DIR
 
 
 def test_graph_json_reproduces_reference(run_cli):

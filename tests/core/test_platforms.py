@@ -11,7 +11,7 @@ from poetlab import available_platforms, load_platform, load_platform_file
 from poetlab.errors import PlatformSpecError, UnknownNameError
 from poetlab.core.platforms import COEFFICIENT_UNITS, evaluate_number
 
-from conftest import PLATFORM_DIR
+from repo_paths import PLATFORM_DIR
 
 PAPER_PLATFORMS = ("a72", "a72nocache", "jetsontx2", "m0", "m4")
 

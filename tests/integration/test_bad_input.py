@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import PLATFORM_DIR
 from poetlab.errors import PoetlabError
+from repo_copies import outputs, repo_copy, wait_for
+from repo_paths import PLATFORM_DIR, REPO
 
 
 def assert_one_line_refusal(result, workdir: Path | None = None, before: set[str] | None = None) -> None:
@@ -78,7 +79,7 @@ def test_release_expressions_still_exact():
 
 
 # ---- 2. numbers validated where read ---------------------------------------------------------------
-PROFILE = Path(__file__).resolve().parents[1] / "data" / "profiles" / "host-resnet18_cifar_torch.json"
+PROFILE = REPO / "data" / "profiles" / "host-resnet18_cifar_torch.json"
 
 
 def _profile_with(tmp_path: Path, mutate) -> Path:
@@ -376,7 +377,6 @@ def test_schedule_file_with_bad_fingerprint(tmp_path):
 
 
 # ---- 5. the pipeline's parameters ------------------------------------------------------------------
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _params_file(tmp_path: Path, preset: str, **changes) -> Path:
@@ -469,18 +469,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _wait_for(condition, timeout_s: float, what: str):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _start_cli(*args: str, cwd: Path):
     """The CLI as a terminal starts it: SIGINT at its default. A shell without job control starts a
     background job (``make test &``, a CI runner) with SIGINT ignored, every process below inherits that,
@@ -505,10 +493,10 @@ def test_signal_to_solve_leaves_no_worker(how, tmp_path):
 
     process = _start_cli(*LONG_SOLVE, cwd=tmp_path)
     try:
-        workers = _wait_for(lambda: _children(process.pid), 120, "the HiGHS worker to start")
+        workers = wait_for(lambda: _children(process.pid), 120, "the HiGHS worker to start")
         process.send_signal(getattr(signal, how))
         _, stderr = process.communicate(timeout=30)
-        _wait_for(lambda: not any(_alive(w) for w in workers), 10, "the worker to die with its parent")  # SIGKILL: the worker's own watch
+        wait_for(lambda: not any(_alive(w) for w in workers), 10, "the worker to die with its parent")  # SIGKILL: the worker's own watch
     finally:
         if process.poll() is None:
             process.kill()
@@ -539,7 +527,7 @@ def test_signal_to_execute_removes_page_files(how, tmp_path):
     process = _start_cli("execute", "--model", "bert_small_torch", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "488000",
                          "--steps", "100000", "--time-limit", "30", "--paging-dir", str(pages), cwd=tmp_path)
     try:
-        _wait_for(lambda: _page_files(pages), 240, "a page file")
+        wait_for(lambda: _page_files(pages), 240, "a page file")
         process.send_signal(getattr(signal, how))
         _, stderr = process.communicate(timeout=60)
     finally:
@@ -560,48 +548,12 @@ def _wrong_platform(section: dict) -> None:
         section["cases"] = [[section["cases"][0][0], "nosuch"]]
 
 
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 PLATFORM_STAGES = ("graphs", "baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "techniques_frontier", "user_models")
 
 
 def _repo_copy_with_wrong_platform(tmp_path: Path, stage: str) -> tuple[Path, dict[str, str]]:
-    """:func:`repo_copy` with an unknown platform in ``stage``'s smoke section."""
+    """:func:`repo_copies.repo_copy` with an unknown platform in ``stage``'s smoke section."""
     return repo_copy(tmp_path, lambda smoke: _wrong_platform(smoke[stage]))
-
-
-def repo_copy(tmp_path: Path, edit_smoke=None) -> tuple[Path, dict[str, str]]:
-    """A copy of the checkout (its tracked files as they are in the working tree), committed to a fresh git
-    repository, on the smoke preset (changed by ``edit_smoke(section)`` where given); and the environment to run it."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    copy = tmp_path / "repo"
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
-    for name in filter(None, tracked):
-        if (REPO / name).is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, copy / name)
-    params = yaml.safe_load((copy / "params.yaml").read_text())
-    params["preset"] = "smoke"
-    if edit_smoke is not None:
-        edit_smoke(params["presets"]["smoke"])
-    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
-        subprocess.run([*git, *command], cwd=copy, check=True, timeout=120)
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONPATH=str(copy / "src"))
-    env.pop("POETLAB_DATA", None)
-    env.pop("POETLAB_PLATFORM_DIR", None)
-    return copy, env
-
-
-def _outputs(copy: Path) -> dict[str, dict[str, bytes]]:
-    return {"experiments": _snapshot(copy / "experiments"), "data": _snapshot(copy / "data")}
 
 
 @pytest.mark.parametrize("stage", [stage if stage == "fig3_frontier" else pytest.param(stage, marks=pytest.mark.slow) for stage in PLATFORM_STAGES])
@@ -612,12 +564,12 @@ def test_dvc_repro_with_a_wrong_platform_deletes_no_output(stage, tmp_path):
     import sys
 
     copy, env = _repo_copy_with_wrong_platform(tmp_path, stage)
-    before = _outputs(copy)
+    before = outputs(copy)
     result = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode != 0, result.stdout
     assert f"presets.smoke.{stage}." in result.stderr and "unknown platform 'nosuch'" in result.stderr, result.stderr
     assert "Running stage 'params_check'" in result.stdout and "Running stage" not in result.stdout.replace("Running stage 'params_check'", ""), result.stdout
-    assert _outputs(copy) == before, "an output was removed or changed"
+    assert outputs(copy) == before, "an output was removed or changed"
 
 
 def test_a_failed_stage_says_how_to_restore_and_the_line_works(tmp_path):
@@ -627,13 +579,13 @@ def test_a_failed_stage_says_how_to_restore_and_the_line_works(tmp_path):
     import sys
 
     copy, env = _repo_copy_with_wrong_platform(tmp_path, "graphs")
-    before = _outputs(copy)
+    before = outputs(copy)
     result = subprocess.run([sys.executable, "-m", "dvc", "repro", "-s", "graphs"], cwd=copy, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode != 0
     assert "dvc repro: stage graphs failed; `git checkout experiments` restores the committed outputs" in result.stderr, result.stderr
-    assert _outputs(copy) != before  # DVC removed them (what the params_check stage prevents in a plain `dvc repro`)
+    assert outputs(copy) != before  # DVC removed them (what the params_check stage prevents in a plain `dvc repro`)
     subprocess.run(["git", "checkout", "experiments"], cwd=copy, check=True, capture_output=True, timeout=60)
-    assert _outputs(copy) == before
+    assert outputs(copy) == before
 
 
 # ---- 8. graph and schedule files of more nodes than the cap ---------------------------------------
@@ -760,10 +712,10 @@ def test_worker_dies_with_a_killed_parent_even_when_idle(tmp_path):
     worker = 0
     try:
         worker = int(parent.stdout.readline())
-        _wait_for(lambda: Path(f"/proc/{worker}/cmdline").exists() and b"_highs_worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), 60, "the worker")
+        wait_for(lambda: Path(f"/proc/{worker}/cmdline").exists() and b"_highs_worker" in Path(f"/proc/{worker}/cmdline").read_bytes(), 60, "the worker")
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
-        _wait_for(lambda: not _alive(worker), 10, "the idle worker to die with its parent")
+        wait_for(lambda: not _alive(worker), 10, "the idle worker to die with its parent")
     finally:
         os.close(write_end)
         if parent.poll() is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from repo_paths import REPO
 
 NOTEBOOKS = REPO / "experiments" / "notebooks"
 CHROMIUM_FLAGS = [  # what a headless Chromium needs in a container with no network and no GPU

@@ -2,7 +2,7 @@
 of the stage (the shell, the launcher, papermill, the Jupyter kernel in its session of its own) must die
 with it, and nothing may be written afterwards: the stage's partial outputs are removed, the one line says
 how to restore the committed ones, and that line works. A real `dvc repro` in a committed copy of the
-repository on the smoke preset (:func:`test_bad_input.repo_copy`)."""
+repository on the smoke preset (:func:`repo_copies.repo_copy`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from poetlab.reproduction.launcher import RESTORE_HINT
-from test_bad_input import _outputs, _wait_for, repo_copy
+from repo_copies import outputs, repo_copy, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 
@@ -59,13 +59,13 @@ def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, she
         pytest.skip(f"{shell} is missing")
     copy, env = repo_copy(tmp_path)
     env["SHELL"] = shell
-    before = _outputs(copy)
+    before = outputs(copy)
     dvc = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "-s", STAGE], cwd=copy, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         kernel = lambda: [pid for pid, cmd in _run_processes(copy).items() if "ipykernel_launcher" in cmd]  # noqa: E731
-        _wait_for(kernel, 240, "the stage's Jupyter kernel")
-        _wait_for(lambda: (copy / "experiments/notebooks" / f"{STAGE}.ipynb").exists(), 120, "papermill's first write")
+        wait_for(kernel, 240, "the stage's Jupyter kernel")
+        wait_for(lambda: (copy / "experiments/notebooks" / f"{STAGE}.ipynb").exists(), 120, "papermill's first write")
         time.sleep(1.0)  # (the kernel is running the notebook's cells)
         running = _run_processes(copy)
         if how == "Ctrl-C":
@@ -74,7 +74,7 @@ def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, she
             dvc.send_signal(signal.SIGTERM)
         dvc.wait(timeout=30)
         try:
-            _wait_for(lambda: not _run_processes(copy), 10, "every process of the stage to die with dvc")
+            wait_for(lambda: not _run_processes(copy), 10, "every process of the stage to die with dvc")
         except AssertionError as error:
             raise AssertionError(f"{error}; still alive: {_run_processes(copy)}") from None
         finally:
@@ -89,16 +89,16 @@ def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, she
     else:
         assert dvc.returncode != 0 and f"failed to reproduce '{STAGE}'" in stderr, stderr
     assert any("papermill" in cmd for cmd in running.values()), running
-    settled = _outputs(copy)  # (only now: the stage's processes are gone)
+    settled = outputs(copy)  # (only now: the stage's processes are gone)
     time.sleep(3)
-    assert _outputs(copy) == settled, "an output was written after dvc and its stage were gone"
-    leftovers = [p for p in _stage_outputs(copy) if p.exists()]
+    assert outputs(copy) == settled, "an output was written after dvc and its stage were gone"
+    leftovers = [p for p in _stageoutputs(copy) if p.exists()]
     leftovers += [p for p in (copy / "experiments").rglob(".*.tmp")]
     assert leftovers == [], f"half-written outputs left: {leftovers}"
     assert f"poetlab: stage {STAGE} stopped" in stderr and "Traceback" not in stderr, stderr
     assert RESTORE_HINT in stderr.split(f"poetlab: stage {STAGE} stopped", 1)[1].splitlines()[0], stderr
     subprocess.run(["git", "checkout", "experiments"], cwd=copy, check=True, capture_output=True, timeout=60)
-    assert _outputs(copy) == before
+    assert outputs(copy) == before
 
 
 # ---- the launcher on its own: a fake stage whose command leaves a process in a session of its own ----------
@@ -137,13 +137,13 @@ def test_launcher_ends_everything_below_it_and_removes_partial_outputs(how, tmp_
     watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])  # stands for dvc
     launcher = _launch(root, env, watched.pid)
     try:
-        pid = int(_wait_for(lambda: (root / "kernel.pid").exists() and (root / "kernel.pid").read_text(), 60, "the fake kernel"))
+        pid = int(wait_for(lambda: (root / "kernel.pid").exists() and (root / "kernel.pid").read_text(), 60, "the fake kernel"))
         if how == "parent_killed":
             watched.kill()
         else:
             launcher.send_signal(getattr(signal, how))
         _, stderr = launcher.communicate(timeout=30)
-        _wait_for(lambda: not _alive(pid), 5, "the fake kernel to die")
+        wait_for(lambda: not _alive(pid), 5, "the fake kernel to die")
     finally:
         for process in (watched, launcher):
             if process.poll() is None:

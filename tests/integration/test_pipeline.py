@@ -12,7 +12,7 @@ import papermill
 import pytest
 import yaml
 
-from conftest import REPO
+from repo_paths import REPO
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.progress import PROGRESS_ENV, progress_bar, progress_enabled
 from poetlab.reproduction.params import load_params, stage_params

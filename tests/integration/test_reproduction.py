@@ -14,7 +14,7 @@ import papermill
 import pytest
 import yaml
 
-from conftest import REPO
+from repo_paths import REPO
 from poetlab.planners.comparison import ComparisonRow
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.core.paper_models import build_paper_graph

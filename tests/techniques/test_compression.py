@@ -23,7 +23,7 @@ from poetlab.techniques.compression import (
 from poetlab.techniques.transforms import saved_tensor_graph, sparse_update_graph
 
 from small_graphs import convnet
-from test_milp import _feasible
+from milp_checks import feasible
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_compression_beats_poet_and_replays(case):
     # the formulation agrees with the simulator on the schedule: feasible, same objective
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=2.0, compression=True))
     x = model.encode(compressed.schedule.matrices().as_dict())
-    ok, bad = _feasible(model, x)
+    ok, bad = feasible(model, x)
     assert ok, f"rows violated: {bad[:5]}"
     assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
     # and the matrix view round-trips through the schedule builder

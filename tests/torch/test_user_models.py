@@ -22,8 +22,8 @@ from poetlab.torch.execute import ScheduleExecutor, execute
 from poetlab.torch.execute.result import ExecutionError
 from poetlab.torch.trace import trace
 from poetlab.torch.user_models import load_user_model
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 #: the zoo; the larger ones are slow on 2 shared cores
 QUICK = ["tied", "reused", "aux_tuple", "mha", "gru", "audio1d", "groupnorm_dw"]

@@ -14,15 +14,8 @@ from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 
+from milp_checks import feasible
 from small_graphs import residual
-
-
-def _feasible(model, x, tol=1e-6):
-    activity = model.A @ x
-    scale = 1 + np.abs(activity)
-    rows_ok = (activity >= model.row_lower - tol * scale) & (activity <= model.row_upper + tol * scale)
-    cols_ok = (x >= model.col_lower - tol) & (x <= model.col_upper + tol * (1 + np.abs(x)))
-    return rows_ok.all() and cols_ok.all(), np.flatnonzero(~rows_ok)
 
 
 @pytest.mark.parametrize("model_name,platform,fraction", [("linear", "m0", 0.6), ("resnet18_cifar", "a72", 0.6), ("vgg16_cifar", "m4", 0.7)])
@@ -38,7 +31,7 @@ def test_greedy_paging_schedule_replays_and_encodes(model_name, platform, fracti
     assert sim.n_recomputes == 0 and sim.n_pageouts > 0 and sim.n_pageins >= sim.n_pageouts
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.0, charge_pagein=prefetch))
     x = model.encode(schedule.matrices().as_dict())
-    ok, bad_rows = _feasible(model, x)
+    ok, bad_rows = feasible(model, x)
     assert ok, f"rows violated: {bad_rows[:5]}"
     assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
     decoded = model.decode(x)
@@ -52,9 +45,9 @@ def test_checkpoint_all_is_feasible_for_the_milp_exactly_at_its_peak():
     peak = simulate(schedule, graph, costs).peak_ram_bytes
     at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak, paging=False))
     x = at_peak.encode(schedule.matrices().as_dict())
-    assert _feasible(at_peak, x)[0]
+    assert feasible(at_peak, x)[0]
     below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak - 1, paging=False))
-    assert not _feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+    assert not feasible(below, below.encode(schedule.matrices().as_dict()))[0]
 
 
 def test_greedy_paging_gives_up_below_the_footprint():
@@ -77,7 +70,7 @@ def test_greedy_remat_schedule_replays_and_encodes(model_name, platform, fractio
     assert sim.n_pageouts == 0 and sim.n_recomputes > 0
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=2.0, paging=False))
     x = model.encode(schedule.matrices().as_dict())
-    ok, bad_rows = _feasible(model, x)
+    ok, bad_rows = feasible(model, x)
     assert ok, f"rows violated: {bad_rows[:5]}"
     assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
     # a runtime budget the recomputations cannot meet
@@ -117,13 +110,13 @@ def test_reruns_priced_apart_cost_the_same_in_the_milp_as_in_the_simulator():
     factor = sim.runtime_s / costs.plain_step_runtime_s
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor * (1 + 1e-9), paging=False))
     x = model.encode(schedule.matrices().as_dict())
-    assert _feasible(model, x)[0]
+    assert feasible(model, x)[0]
     assert model.c @ x == pytest.approx(sim.energy_j, rel=1e-9)
     # the runtime row charges the reruns at their price: a little less time refuses the schedule, which
     # fits at the first computes' price
     below = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=factor * (1 - 1e-3), paging=False)
-    assert not _feasible(build_milp(graph, costs, below), x)[0]
-    assert _feasible(build_milp(graph, flops, below), x)[0]
+    assert not feasible(build_milp(graph, costs, below), x)[0]
+    assert feasible(build_milp(graph, flops, below), x)[0]
 
 
 @pytest.mark.parametrize("model_name,platform,budget,factor", [("linear", "m4", 3800, 1.2), ("linear", "a72", 3300, 1.05), ("residual", "m0", 0.7, 1.5)])
@@ -168,9 +161,9 @@ def test_each_nodes_workspace_counts_while_it_runs_in_the_milp_as_in_the_simulat
     assert np.array_equal(sim.memory_trace_bytes[computes] - tensors.memory_trace_bytes[computes], workspace[[schedule.ops[k].node for k in computes]])
     assert sim.peak_ram_bytes > tensors.peak_ram_bytes
     at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes, paging=False))
-    assert _feasible(at_peak, at_peak.encode(schedule.matrices().as_dict()))[0]
+    assert feasible(at_peak, at_peak.encode(schedule.matrices().as_dict()))[0]
     below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes - 1, paging=False))
-    assert not _feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+    assert not feasible(below, below.encode(schedule.matrices().as_dict()))[0]
     footprint, _ = min_footprint_bytes(graph)
     budget = int(footprint + 0.3 * (sim.peak_ram_bytes - footprint))
     from poetlab import solve
@@ -179,6 +172,6 @@ def test_each_nodes_workspace_counts_while_it_runs_in_the_milp_as_in_the_simulat
     assert solved.schedule is not None and solved.status == "optimal"
     assert simulate(solved.schedule, graph, costs, ram_budget_bytes=budget).peak_ram_bytes <= budget
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget))
-    assert _feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]
+    assert feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]
     # the paper's graphs (no workspace) get the very same matrix as before
     assert (build_milp(plain, costs, MilpOptions(ram_budget_bytes=budget)).A != build_milp(_with_workspace(plain, 0 * workspace), costs, MilpOptions(ram_budget_bytes=budget)).A).nnz == 0
