@@ -122,3 +122,35 @@ def test_no_module_is_longer_than_600_lines():
 def test_import_poetlab_loads_no_torch():
     code = "import poetlab, sys; assert 'torch' not in sys.modules, 'import poetlab imported torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _public_modules() -> list[Path]:
+    """Every public module of the package, as a path relative to it: not ``__init__``/``__main__``, and
+    neither the module nor a package above it private (leading underscore)."""
+    return sorted(
+        path.relative_to(PACKAGE)
+        for path in PACKAGE.rglob("*.py")
+        if not any(part.startswith("_") for part in path.relative_to(PACKAGE).parts)
+    )
+
+
+def test_every_public_module_has_its_test_file():
+    """tests/ mirrors src/poetlab (tests/README.md): poetlab/a/b.py is tested in tests/a/test_b.py."""
+    missing = [
+        f"poetlab/{module.as_posix()} has no tests/{(module.parent / f'test_{module.name}').as_posix()}"
+        for module in _public_modules()
+        if not (TESTS / module.parent / f"test_{module.name}").is_file()
+    ]
+    assert missing == [], "\n".join(missing)
+
+
+def test_test_folders_mirror_the_package():
+    """A test folder whose package is gone (renamed, moved) is caught here, not left behind; tests/integration
+    holds the tests of the whole pipeline, which test no one module."""
+    packages = {path.parent.relative_to(PACKAGE) for path in PACKAGE.rglob("__init__.py")}
+    folders = {path.parent.relative_to(TESTS) for path in TESTS.rglob("test_*.py")}
+    stray = sorted(f"tests/{folder.as_posix()}" for folder in folders - packages if folder != Path("integration"))
+    assert stray == [], "\n".join(stray)

@@ -92,7 +92,7 @@ def test_dvc_stopped_mid_stage_kills_the_stage_and_writes_nothing_after(how, she
     settled = outputs(copy)  # (only now: the stage's processes are gone)
     time.sleep(3)
     assert outputs(copy) == settled, "an output was written after dvc and its stage were gone"
-    leftovers = [p for p in _stageoutputs(copy) if p.exists()]
+    leftovers = [p for p in _stage_outputs(copy) if p.exists()]
     leftovers += [p for p in (copy / "experiments").rglob(".*.tmp")]
     assert leftovers == [], f"half-written outputs left: {leftovers}"
     assert f"poetlab: stage {STAGE} stopped" in stderr and "Traceback" not in stderr, stderr

@@ -8,7 +8,6 @@ the contract's one-line errors and the CLI on a model file."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
