@@ -1,4 +1,4 @@
-"""The ``poetlab`` command, run for real in a subprocess."""
+"""The `poetlab graph` command, run for real in a subprocess."""
 
 from __future__ import annotations
 
@@ -61,51 +61,10 @@ def test_corrupt_platform_yaml(run_cli, tmp_path):
         assert len(lines) == 1 and f"{name}.yaml" in lines[0] and problem in lines[0]
 
 
-def test_listing_commands(run_cli):
-    platforms = run_cli("platforms")
-    assert platforms.returncode == 0 and len(platforms.stdout.splitlines()) == 6
-    assert platforms.stdout.splitlines()[-1].startswith("host ")
+def test_cli_graph_of_a_traced_model_on_a_paper_platform(run_cli):
+    plain = run_cli("graph", "--model", "bert_small_torch", "--platform", "a72", "--json")
+    fused = run_cli("graph", "--model", "bert_small_torch", "--platform", "a72", "--json", "--fuse")
+    assert plain.returncode == 0 and fused.returncode == 0, plain.stderr + fused.stderr
+    assert json.loads(fused.stdout)["n_nodes"] < json.loads(plain.stdout)["n_nodes"]
     models = run_cli("models")
-    assert models.returncode == 0 and "resnet18_cifar" in models.stdout
-
-
-def test_solve_readme_instance_json(run_cli, tmp_path):
-    plot = tmp_path / "schedule.png"
-    result = run_cli(
-        "solve", "--model", "resnet18_cifar", "--platform", "a72", "--ram-budget", "3000000",
-        "--runtime-budget", "7.6", "--json", "--plot", str(plot),
-    )
-    assert result.returncode == 0, result.stderr
-    answer = json.loads(result.stdout)
-    for key in ("status", "energy_j", "compute_energy_j", "pagein_energy_j", "pageout_energy_j", "runtime_s",
-                "peak_ram_bytes", "solve_time_s", "mip_gap", "solver", "n_recomputes", "n_pageouts"):
-        assert key in answer
-    assert answer["status"] == "optimal"
-    assert answer["energy_j"] == pytest.approx(7.8895101827, rel=1e-6)
-    assert answer["peak_ram_bytes"] <= 3_000_000
-    assert plot.read_bytes().startswith(b"\x89PNG")
-
-
-def test_solve_text_output_on_a_real_milp(run_cli):
-    result = run_cli("solve", "--model", "linear", "--platform", "m0", "--ram-budget", "3708", "--runtime-budget", "2", "--solver", "highs")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(("POET optimal (highs,", "POET optimal (bound,"))  # bound: a start meets the eviction bound
-    assert "recomputes" in result.stdout
-
-
-@pytest.mark.parametrize(
-    "args,expected,code",
-    [
-        (("--ram-budget", "-5"), "expected a positive number", 2),
-        (("--ram-budget", "0"), "expected a positive number", 2),
-        (("--ram-budget", "5000", "--runtime-budget", "0.5"), "factor >= 1", 2),
-        (("--ram-budget", "5000", "--solver", "cplex"), "valid solvers: auto, highs, gurobi", 2),
-        (("--ram-budget", "100"), "smallest single-node footprint", 1),
-    ],
-)
-def test_solve_bad_input_is_one_line(run_cli, args, expected, code):
-    result = run_cli("solve", "--model", "linear", "--platform", "m0", *args)
-    assert result.returncode == code
-    output = (result.stderr + result.stdout).strip().splitlines()
-    assert len(output) == 1 and expected in output[0]
-    assert "Traceback" not in result.stderr
+    assert "resnet18_cifar_torch" in models.stdout and "traced" in models.stdout

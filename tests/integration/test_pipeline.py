@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -13,9 +12,8 @@ import pytest
 import yaml
 
 from repo_paths import REPO
-from poetlab.errors import InvalidArgumentError, UnknownNameError
-from poetlab.progress import PROGRESS_ENV, progress_bar, progress_enabled
-from poetlab.reproduction.params import load_params, stage_params
+from poetlab.progress import PROGRESS_ENV
+from poetlab.reproduction.params import stage_params
 
 PARAMS = REPO / "params.yaml"
 
@@ -28,31 +26,6 @@ def run_notebook(name: str, tmp_path, preset: str = "smoke") -> None:
     )
 
 
-def test_presets_share_their_stages():
-    params = load_params(PARAMS)
-    assert params["preset"] == "default"  # what `make repro` runs and what is committed
-    assert set(params["presets"]) == {"smoke", "default", "full"}
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    parameterized = {name for name, stage in stages.items() if f"presets.${{preset}}.{name}" in stage.get("params", [])}
-    assert set(stages) - parameterized == {"profile_host", "params_check"}  # the machine measured (frozen); every stage's knobs checked
-    assert stages["profile_host"]["frozen"] is True
-    for preset in params["presets"].values():
-        assert parameterized <= set(preset)
-
-
-def test_stage_params_errors(tmp_path):
-    with pytest.raises(UnknownNameError, match="valid presets"):
-        stage_params("graphs", "bogus", PARAMS)
-    with pytest.raises(InvalidArgumentError, match="no section"):
-        stage_params("nosuchstage", "smoke", PARAMS)
-    broken = tmp_path / "params.yaml"
-    broken.write_text("presets: [unclosed\n")
-    with pytest.raises(InvalidArgumentError, match="not valid YAML"):
-        stage_params("graphs", "smoke", broken)
-    with pytest.raises(InvalidArgumentError, match="cannot read"):
-        stage_params("graphs", "smoke", tmp_path / "missing.yaml")
-
-
 def _progress_outputs(notebook) -> list[str]:
     """The outputs of an executed notebook that are progress bars: tqdm's text on stderr, or its widgets."""
     found = []
@@ -63,15 +36,6 @@ def _progress_outputs(notebook) -> list[str]:
             elif output.get("name") == "stderr" and ("%|" in "".join(output["text"]) or "IProgress" in "".join(output["text"])):
                 found.append("".join(output["text"]))
     return found
-
-
-def test_progress_bars_are_off_where_the_pipeline_says_so(monkeypatch):
-    monkeypatch.setenv(PROGRESS_ENV, "1")
-    assert progress_enabled() and not progress_bar(range(3), disable=False, file=io.StringIO()).disable
-    for off in ("0", "off", "False"):
-        monkeypatch.setenv(PROGRESS_ENV, off)
-        assert not progress_enabled() and progress_bar(range(3), disable=False).disable
-        assert list(progress_bar(range(3))) == [0, 1, 2]  # still iterates
 
 
 def test_graphs_notebook_writes_table_and_metrics(tmp_path, monkeypatch):

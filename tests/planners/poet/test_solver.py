@@ -10,15 +10,11 @@ import sys
 import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab.planners.poet import backends
-from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
-from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.planners.poet.solver import QUICK_STARTS, solve
-from poetlab.planners.poet.backends import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license, run_milp
 
-from small_graphs import mlp, residual
 
 
 def _setup(model="linear", platform="m0"):
@@ -137,54 +133,6 @@ def test_bad_arguments(kwargs, message):
         solve(graph, costs, **arguments)
 
 
-def test_milp_is_sparse_and_sized_by_lower_triangles():
-    graph, costs, peak = _setup("resnet18_cifar", "a72")
-    T, E = graph.n_nodes, graph.n_unique_edges
-    full = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2, runtime_budget_factor=2.0))
-    no_paging = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2, paging=False))
-    tri, strict = T * (T + 1) // 2, T * (T - 1) // 2
-    assert full.n_cols < 2 * tri + 4 * strict + T * E
-    assert no_paging.n_cols < full.n_cols - 3 * strict + 1
-    assert full.A.nnz < 12 * full.n_rows
-
-
-# ---- backends ---------------------------------------------------------------------------------
-gurobi_kind, _ = gurobi_license()
-
-
-@pytest.mark.skipif(gurobi_kind == "none", reason="gurobipy or its license is not available")
-@pytest.mark.parametrize("graph_factory", [mlp, residual])
-def test_gurobi_and_highs_agree_on_tiny_graphs(graph_factory):
-    graph, costs, peak = _setup(graph_factory(), "m0")
-    footprint, _ = min_footprint_bytes(graph)
-    budget = max(footprint, int(0.7 * peak))
-    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.5))
-    assert model.n_cols <= GUROBI_SIZE_LIMIT and model.n_rows <= GUROBI_SIZE_LIMIT
-    highs, gurobi = (run_milp(model, solver=name, mip_gap=0, threads=1) for name in ("highs", "gurobi"))
-    assert highs.solver == "highs" and gurobi.solver == "gurobi"
-    assert highs.status == gurobi.status == "optimal"
-    assert highs.objective == pytest.approx(gurobi.objective, rel=1e-6)
-    assert highs.objective > costs.plain_step_energy_j  # checkpoint-all does not fit this budget
-    for name in ("highs", "gurobi"):
-        result = solve(graph, costs, budget, 1.5, solver=name, mip_gap=0)
-        assert result.status == "optimal" and result.energy_j == pytest.approx(highs.objective, rel=1e-6)
-        _replays(result, graph, costs)
-
-
-def test_auto_falls_back_to_highs_on_a_real_instance(caplog):
-    graph, costs, peak = _setup("resnet18_cifar", "a72")
-    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak / 2))
-    with caplog.at_level(logging.INFO, logger="poetlab.solvers"):
-        chosen = choose_solver(model, "auto")
-    if gurobi_kind == "full":
-        assert chosen == "gurobi"
-    else:
-        assert chosen == "highs"
-        assert any("using HiGHS" in r.message and ("size-limited" in r.message or "license" in r.message or "not installed" in r.message) for r in caplog.records)
-        with pytest.raises(SolverUnavailableError, match="use --solver highs"):
-            choose_solver(model, "gurobi")
-
-
 def test_time_limit_is_a_hard_limit():
     graph, costs, peak = _setup("resnet18_cifar", "a72")
     result = solve(graph, costs, int(0.5 * peak), 2.0, solver="highs", time_limit_s=2.0)
@@ -253,49 +201,10 @@ def test_reruns_priced_apart_are_what_the_solver_minimizes():
     assert priced.energy_j >= at_flops.energy_j - 1e-4 * at_flops.energy_j
 
 
-# ---- the HiGHS worker ---------------------------------------------------------------------------
 def test_import_poetlab_loads_no_torch():
     code = "import sys, poetlab; poetlab.solve; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
-
-
-def test_worker_ignores_the_current_directory(tmp_path, monkeypatch):
-    """The worker starts isolated: a ``highspy`` or ``poetlab`` in the working directory is not run."""
-    (tmp_path / "highspy.py").write_text("raise SystemExit('the working directory was imported')\n")
-    (tmp_path / "poetlab").mkdir()
-    (tmp_path / "poetlab" / "__init__.py").write_text("raise SystemExit('the working directory was imported')\n")
-    graph, costs, peak = _setup("linear", "m0")
-    monkeypatch.chdir(tmp_path)
-    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak // 2, runtime_budget_factor=2.0))
-    answer = run_milp(model, solver="highs", threads=1)
-    assert answer.status == "optimal" and answer.solver == "highs" and answer.objective > costs.plain_step_energy_j
-
-
-@pytest.mark.parametrize("script,last_line", [
-    ("import sys\nprint('starting', file=sys.stderr)\nprint('MemoryError: out of memory', file=sys.stderr)\nsys.exit(3)\n", "MemoryError: out of memory"),
-    ("import sys; sys.stdin.buffer.read()\n", "no output on stderr"),  # exits 0 without an answer
-])
-def test_a_worker_that_dies_is_an_error_not_a_time_limit(tmp_path, monkeypatch, script, last_line):
-    worker = tmp_path / "worker.py"
-    worker.write_text(script)
-    monkeypatch.setattr(backends, "_WORKER", worker)
-    graph, costs, peak = _setup("linear", "m0")
-    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak // 2, runtime_budget_factor=2.0))
-    with pytest.raises(PoetlabError, match=f"without an answer: {last_line}"):
-        run_milp(model, solver="highs", time_limit_s=30)
-
-
-def test_a_solution_within_the_gap_of_a_known_bound_ends_the_solve_as_optimal():
-    """The caller's lower bound (here the optimum itself) stops HiGHS at the first incumbent within the
-    gap, and the answer is optimal with that bound, not a time limit."""
-    graph, costs, _ = _setup("linear", "m4")
-    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=3800, runtime_budget_factor=1.2))
-    exact = run_milp(model, solver="highs", mip_gap=1e-6, threads=1)
-    assert exact.status == "optimal"
-    known = run_milp(model, solver="highs", mip_gap=1e-3, threads=1, start=exact.x, lower_bound=exact.objective * (1 - 5e-4))
-    assert known.status == "optimal" and known.bound == pytest.approx(exact.objective * (1 - 5e-4), rel=1e-12)
-    assert known.gap <= 1e-3 and known.objective == pytest.approx(exact.objective, rel=1e-9)
 
 
 def test_objective_is_scaled_for_the_solver():
