@@ -1,9 +1,8 @@
 """Compression as a fourth choice: the simulator's new operations, the extended MILP against the
-simulator, compression costs from densities, and the graph transformations."""
+simulator, compression costs from densities measured on real models."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform, solve
@@ -20,7 +19,7 @@ from poetlab.techniques.compression import (
     measure_bitmap_rates,
     measure_densities,
 )
-from poetlab.techniques.transforms import saved_tensor_graph, sparse_update_graph
+from poetlab.techniques.transforms import saved_tensor_graph
 
 from small_graphs import convnet
 from milp_checks import feasible
@@ -131,53 +130,6 @@ def test_densities_measured_on_the_torch_twin_map_one_to_one():
     densities = densities_for_graph(graph, measured)
     relus = [i for i, node in enumerate(graph.nodes) if node.kind == "relu"]
     assert [densities[i] for i in relus] == measured["relu"]
-
-
-def test_sparse_update_graph_drops_the_frozen_backward():
-    graph = build_paper_graph("vgg16_cifar")
-    frozen = sparse_update_graph(graph, 30)
-    assert len(frozen.forward_indices) == len(graph.forward_indices)
-    assert len(frozen.backward_indices) == len(graph.forward_indices) - 1 - 30
-    platform = load_platform("a72")
-    full_costs, sparse_costs = CostModel.from_flops(graph, platform), CostModel.from_flops(frozen, platform)
-    assert sparse_costs.plain_step_energy_j < full_costs.plain_step_energy_j
-    full_peak = simulate(checkpoint_all_schedule(graph), graph, full_costs).peak_ram_bytes
-    assert simulate(checkpoint_all_schedule(frozen), frozen, sparse_costs).peak_ram_bytes < full_peak
-    assert frozen.param_bytes < graph.param_bytes
-    with pytest.raises(InvalidArgumentError, match="first trained"):
-        sparse_update_graph(graph, 0)
-
-
-def test_saved_tensor_graph_reads_what_autograd_saves():
-    graph = saved_tensor_graph(convnet(4, 4, 2))
-    by_name = {node.name: node for node in graph.nodes}
-    # gradient of the pair (conv, relu): the ReLU saves its output; of (relu, conv): the conv its input
-    conv_relu = by_name["bwd001_conv2d"]
-    relu_conv = by_name["bwd002_relu"]
-    assert conv_relu.inputs[0] == 2 and 1 not in conv_relu.inputs
-    assert relu_conv.inputs[0] == 2 and 3 not in relu_conv.inputs
-    assert np.array_equal(graph.output_bytes, convnet(4, 4, 2).output_bytes)
-
-
-def test_frontier_table_and_figure(tmp_path):
-    from poetlab.reproduction.plotting import save_figure
-    from poetlab.techniques.frontier import frontier_figure, frontier_table
-
-    graph = saved_tensor_graph(convnet(8, 8, 3))
-    platform = load_platform("m4")
-    densities = {i: 0.3 for i, node in enumerate(graph.nodes) if node.kind == "relu"}
-    costs = CostModel.from_flops(graph, platform)
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    budgets = [footprint + f * (peak - footprint) for f in (0.3, 1.0)]
-    table = frontier_table(graph, platform, densities, budgets, first_trained=3, time_limit_s=30, mip_gap=0.0)
-    assert set(table.method) == {"poet", "poet+compression", "sparse update"} and table.feasible.all()
-    energy = table.set_index(["method", "ram_budget_bytes"]).energy_j
-    assert energy["poet+compression", budgets[0]] < energy["poet", budgets[0]]
-    assert energy["poet+compression", budgets[1]] == energy["poet", budgets[1]]  # checkpoint-all fits
-    assert energy["sparse update", budgets[0]] < energy["poet", budgets[0]]
-    path = save_figure(frontier_figure(table), tmp_path / "frontier.png")
-    assert path.stat().st_size > 0
 
 
 def _relu_densities(module, inputs):

@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
-import torch
-from torch import nn
 
 import poetlab
-from poetlab.errors import InvalidArgumentError
-from poetlab.torch.execute import execute, memory_allowance_bytes
+import torch
+from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.errors import InvalidArgumentError
 from poetlab.techniques.sparse_update import SparseUpdateScheme, parse_scheme, scheme_memory_bytes, updatable_layers
-from poetlab.techniques.transforms import scheme_graph, sparse_update_graph
+from poetlab.techniques.transforms import saved_tensor_graph, scheme_graph, sparse_update_graph
+from poetlab.torch.execute import execute, memory_allowance_bytes
 from poetlab.torch.models import MobileNetV2
+from torch import nn
+
+from small_graphs import convnet
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
@@ -187,3 +191,29 @@ def test_frontier_plans_sparse_update_on_the_schemes_graph():
     assert table.energy_j["sparse update"] < table.energy_j["poet"] and table.peak_ram_bytes["sparse update"] < table.peak_ram_bytes["poet"]
     with pytest.raises(InvalidArgumentError, match="not both"):
         frontier_table(graph, platform, {}, [budget], first_trained=3, sparse_graph=sparse)
+
+
+def test_sparse_update_graph_drops_the_frozen_backward():
+    graph = build_paper_graph("vgg16_cifar")
+    frozen = sparse_update_graph(graph, 30)
+    assert len(frozen.forward_indices) == len(graph.forward_indices)
+    assert len(frozen.backward_indices) == len(graph.forward_indices) - 1 - 30
+    platform = load_platform("a72")
+    full_costs, sparse_costs = CostModel.from_flops(graph, platform), CostModel.from_flops(frozen, platform)
+    assert sparse_costs.plain_step_energy_j < full_costs.plain_step_energy_j
+    full_peak = simulate(checkpoint_all_schedule(graph), graph, full_costs).peak_ram_bytes
+    assert simulate(checkpoint_all_schedule(frozen), frozen, sparse_costs).peak_ram_bytes < full_peak
+    assert frozen.param_bytes < graph.param_bytes
+    with pytest.raises(InvalidArgumentError, match="first trained"):
+        sparse_update_graph(graph, 0)
+
+
+def test_saved_tensor_graph_reads_what_autograd_saves():
+    graph = saved_tensor_graph(convnet(4, 4, 2))
+    by_name = {node.name: node for node in graph.nodes}
+    # gradient of the pair (conv, relu): the ReLU saves its output; of (relu, conv): the conv its input
+    conv_relu = by_name["bwd001_conv2d"]
+    relu_conv = by_name["bwd002_relu"]
+    assert conv_relu.inputs[0] == 2 and 1 not in conv_relu.inputs
+    assert relu_conv.inputs[0] == 2 and 3 not in relu_conv.inputs
+    assert np.array_equal(graph.output_bytes, convnet(4, 4, 2).output_bytes)
