@@ -17,11 +17,7 @@ from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_sch
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
-from poetlab.planners.comparison import budget_ladder
-from poetlab.planners.kept_plans import planned_schedule
 from poetlab.torch.reference_steps import CheckpointStep, HandStep
-from poetlab.errors import InvalidArgumentError
-
 
 
 def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
@@ -47,27 +43,6 @@ def test_the_hand_steps_reruns_replay_the_random_numbers_of_their_first_runs():
         finally:
             handle.remove()
         assert len(outputs) == 2 and torch.equal(outputs[0], outputs[1]) == same, rng_nodes
-
-
-def test_the_benchmarks_keep_a_cases_plan_and_run_it_again(tmp_path):
-    """``--schedules``: the first run plans a case with the MILP and keeps the plan; the next runs load that
-    very schedule (a time-limited solve may return another); a kept plan that no longer fits the budget
-    stops the run with the file named; checkpoint-all is never kept."""
-
-    from small_graphs import residual
-
-    graph = residual()
-    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
-    full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes + graph.reserved_bytes  # (as solve counts)
-    (budget,) = budget_ladder(graph, costs, [0.5])
-    solved, status, _ = planned_schedule(graph, costs, budget, "residual-0.5", "poet", 10.0, tmp_path)
-    assert solved is not None and status != "loaded" and (tmp_path / "residual-0.5.json").exists()
-    loaded, status, message = planned_schedule(graph, costs, budget, "residual-0.5", "poet", 10.0, tmp_path)
-    assert status == "loaded" and loaded == solved and "residual-0.5.json" in message
-    with pytest.raises(InvalidArgumentError, match="residual-0.5.json"):
-        planned_schedule(graph, costs, 0.1 * full, "residual-0.5", "poet", 10.0, tmp_path)
-    assert planned_schedule(graph, costs, full, "residual-1", "poet", 10.0, tmp_path)[1] == "checkpoint_all"
-    assert not (tmp_path / "residual-1.json").exists()
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
