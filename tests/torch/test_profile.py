@@ -56,8 +56,8 @@ def test_disk_profile_measures_the_executors_paging(tmp_path, monkeypatch):
     from poetlab.torch.paging import PageStore
 
     writes = []
-    real_write = PageStore._write
-    monkeypatch.setattr(PageStore, "_write", lambda self, key, storages: (writes.append(sum(s.nbytes() for s in storages)), real_write(self, key, storages)))
+    real_write = PageStore.write
+    monkeypatch.setattr(PageStore, "write", lambda self, key, storages: (writes.append(sum(s.nbytes() for s in storages)), real_write(self, key, storages)))
     disk = profile_disk(tmp_path, SMALL_SIZES, repeats=1)
     assert writes == [size for size in SMALL_SIZES for _ in range(2)]  # (a warm-up and one timed, per size)
     assert list(tmp_path.iterdir()) == []  # (the store's private directory is gone too)
