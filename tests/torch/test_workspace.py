@@ -1,0 +1,64 @@
+"""Each operation's transient workspace, measured when a model is traced; the RNG states and the shared
+gradients a step keeps beside its tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from poetlab.torch.trace import trace_step
+from poetlab.torch.workspace import measure_workspaces, rng_reserve_bytes, shared_gradient_bytes
+
+
+class ConvNet(nn.Module):
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.lin = nn.Linear(8 * 16 * 16, 4)
+
+    def forward(self, x):
+        return self.lin(self.drop(self.relu(self.conv(x))).flatten(1))
+
+
+class Twice(nn.Module):
+    """One linear layer called twice: its weight and bias get two gradient contributions each."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(torch.relu(self.lin(x)))
+
+
+def _traced(dropout: float = 0.0):
+    torch.manual_seed(0)
+    return trace_step(ConvNet(dropout), (torch.randn(2, 3, 16, 16),), nn.CrossEntropyLoss(), torch.randint(4, (2,)), fuse=False, name="convnet")
+
+
+def test_a_convolutions_workspace_is_its_im2col_buffer():
+    traced = _traced()
+    graph = traced.graph
+    found = measure_workspaces(traced)
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    assert set(found) == {i for i, node in enumerate(graph.nodes) if node.kind != "input"}  # inputs compute nothing
+    im2col = 2 * (3 * 3 * 3) * (16 * 16) * 4  # batch x (channels x kernel area) x positions, float32: 9x the input
+    assert found[index["conv"]] == found[index["grad:conv"]] == im2col
+    assert found[index["relu"]] == found[index["flatten"]] == 0  # element-wise and views: nothing beyond their results
+    assert all(value >= 0 for value in found.values())
+
+
+@pytest.mark.parametrize("dropout,states", [(0.0, 1), (0.5, 2)])
+def test_one_rng_state_per_drawing_node_and_one_more(dropout, states):
+    before = torch.get_rng_state()
+    assert rng_reserve_bytes(_traced(dropout)) == states * torch.get_rng_state().numel()
+    assert torch.equal(before, torch.get_rng_state())  # the probes draw on a forked generator
+
+
+def test_a_parameter_used_twice_keeps_its_gradient_contributions_free():
+    torch.manual_seed(0)
+    twice = trace_step(Twice(), (torch.randn(2, 16),), nn.MSELoss(), torch.randn(2, 16), fuse=False, name="twice")
+    assert shared_gradient_bytes(twice.graph) == 2 * (16 * 16 + 16) * 4
+    assert shared_gradient_bytes(_traced().graph) == 0  # every parameter used once
