@@ -38,7 +38,7 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def _test_case(name: str):
-    """The test suite's small models (tests/test_execute.py), seeded as there."""
+    """The test suite's small models (tests/execute_cases.py), seeded as there."""
     generator = torch.Generator().manual_seed(1)
     torch.manual_seed(0)
     if name == "test ResNet-18 w8":

@@ -38,7 +38,7 @@ from poetlab.torch.trace import trace as _trace
 def trace(*args, **kwargs):
     """``poetlab.torch.trace`` without the per-operation workspace: these tests check the executor against the
     simulator's count of the tensors (and plan at fractions of it), as written before the simulator counted
-    workspace; a planned step's measured peak against its budget is tests/test_user_models.py's."""
+    workspace; a planned step's measured peak against its budget is tests/torch/test_user_models.py's."""
     graph = _trace(*args, **kwargs)
     return poetlab.TrainingGraph(graph.name, graph.nodes, {k: v for k, v in graph.metadata.items() if k != "workspace_by_node"})
 

@@ -3,7 +3,7 @@ driven by Playwright) opens the executed notebook of each stage that draws a fig
 sees the figure rendered (an <img> in the output area, decoded to a non-zero size).
 
 Needs a Chromium on PATH (Debian: `apt-get install chromium`); skipped with one line where there is none.
-`POETLAB_SCREENSHOT_DIR=experiments/browser pytest -m slow tests/test_browser.py` also rewrites the
+`POETLAB_SCREENSHOT_DIR=experiments/browser pytest -m slow tests/integration/test_browser.py` also rewrites the
 committed screenshots (one PNG per notebook, and progress.png); by default they go to the test's temporary folder.
 """
 
