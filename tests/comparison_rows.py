@@ -1,4 +1,5 @@
-"""Tidy comparison rows (poetlab.planners.comparison.ComparisonRow) to build small tables from, for the reproduction tests."""
+"""Tidy comparison rows (poetlab.planners.comparison.ComparisonRow) to build small tables from, for the
+reproduction tests."""
 
 from __future__ import annotations
 

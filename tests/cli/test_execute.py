@@ -1,4 +1,5 @@
-"""The `poetlab execute` command, run for real in a subprocess: a traced model planned and run beside plain PyTorch."""
+"""The `poetlab execute` command, run for real in a subprocess: a traced model planned and run beside plain
+PyTorch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The greedy schedules (the MILP's quick starts and the paging/remat baselines): each replays in the simulator within its budget and is a feasible point of the MILP."""
+"""The greedy schedules (the MILP's quick starts and the paging/remat baselines): each replays in the
+simulator within its budget and is a feasible point of the MILP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Plans kept on disk (poetlab.planners.kept_plans): planned once, read back on the next run, refused for another graph or budget."""
+"""Plans kept on disk (poetlab.planners.kept_plans): planned once, read back on the next run, refused for
+another graph or budget."""
 
 from __future__ import annotations
 

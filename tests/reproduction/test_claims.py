@@ -1,4 +1,5 @@
-"""The claims table: each of the paper's claims checked against our outputs, reproduced, differs, or holds by construction (a check that cannot fail is labelled so)."""
+"""The claims table: each of the paper's claims checked against our outputs, reproduced, differs, or holds by
+construction (a check that cannot fail is labelled so)."""
 
 from __future__ import annotations
 

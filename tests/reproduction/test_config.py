@@ -1,4 +1,5 @@
-"""Each stage's configuration read from params.yaml: every preset valid, each bad value named by its key in one line."""
+"""Each stage's configuration read from params.yaml: every preset valid, each bad value named by its key in
+one line."""
 
 from __future__ import annotations
 

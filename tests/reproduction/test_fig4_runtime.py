@@ -1,4 +1,5 @@
-"""Fig. 4 (POET against the one-lever methods under runtime budgets): the comparison, its flags and the window of runtime factors."""
+"""Fig. 4 (POET against the one-lever methods under runtime budgets): the comparison, its flags and the
+window of runtime factors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The stage launcher on its own (poetlab.reproduction.launcher), on a fake stage whose command leaves a process in a session of its own: it ends everything below it and removes partial outputs, passes the command's exit code, refuses bad use in one line."""
+"""The stage launcher on its own (poetlab.reproduction.launcher), on a fake stage whose command leaves a
+process in a session of its own: it ends everything below it and removes partial outputs, passes the
+command's exit code, refuses bad use in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""params.yaml and its presets, read through poetlab.reproduction.params: every stage parameterized in every preset, errors in one line."""
+"""params.yaml and its presets, read through poetlab.reproduction.params: every stage parameterized in every
+preset, errors in one line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The techniques frontier: POET, POET with compression and sparse update at the same budgets, as a table and a figure."""
+"""The techniques frontier: POET, POET with compression and sparse update at the same budgets, as a table and
+a figure."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What every baseline shares (poetlab.planners.baselines.base): a result within its budgets or one line saying why, never better than the MILP's optimum."""
+"""What every baseline shares (poetlab.planners.baselines.base): a result within its budgets or one line
+saying why, never better than the MILP's optimum."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""DTR (dynamic tensor rematerialisation) on the one simulator: below the peak it only recomputes, its evicted neighbourhood beats the local heuristic, it pins the input only when asked and gives up instead of thrashing."""
+"""DTR (dynamic tensor rematerialisation) on the one simulator: below the peak it only recomputes, its
+evicted neighbourhood beats the local heuristic, it pins the input only when asked and gives up instead of
+thrashing."""
 
 from __future__ import annotations
 

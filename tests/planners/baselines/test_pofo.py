@@ -1,4 +1,5 @@
-"""POFO against the MILP on chains; and, for both chain planners (POFO and revolve), budgets and branchy graphs."""
+"""POFO against the MILP on chains; and, for both chain planners (POFO and revolve), budgets and branchy
+graphs."""
 
 from __future__ import annotations
 

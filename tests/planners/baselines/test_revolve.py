@@ -1,4 +1,5 @@
-"""Revolve (Griewank's binomial checkpointing): binomial counts on chains, the most slots that fit, graphs linearised into chains of blocks."""
+"""Revolve (Griewank's binomial checkpointing): binomial counts on chains, the most slots that fit, graphs
+linearised into chains of blocks."""
 
 from __future__ import annotations
 

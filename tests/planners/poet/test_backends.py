@@ -1,4 +1,5 @@
-"""The MILP backends (HiGHS in a worker process, Gurobi where licensed): they agree, choose, stop and fail as documented."""
+"""The MILP backends (HiGHS in a worker process, Gurobi where licensed): they agree, choose, stop and fail as
+documented."""
 
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ from poetlab.core.graph import min_footprint_bytes
 from poetlab.planners.poet.solver import QUICK_STARTS, solve
 
 
-
 def _setup(model="linear", platform="m0"):
     graph = build_paper_graph(model) if isinstance(model, str) else model
     costs = CostModel.from_flops(graph, load_platform(platform))

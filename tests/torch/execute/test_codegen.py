@@ -1,4 +1,5 @@
-"""Generated code for a step's groups (poetlab.torch.execute.codegen): a rerun calls BatchNorm through a stand-in that leaves its statistics alone."""
+"""Generated code for a step's groups (poetlab.torch.execute.codegen): a rerun calls BatchNorm through a
+stand-in that leaves its statistics alone."""
 
 from __future__ import annotations
 

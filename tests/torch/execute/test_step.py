@@ -1,4 +1,6 @@
-"""The reference step (poetlab.torch.execute.step, NOTE [2]): one method per operation kind (free, page out and in, recompute, compress); schedules that mix them give autograd's gradients; a read of what the schedule does not hold is refused."""
+"""The reference step (poetlab.torch.execute.step, NOTE [2]): one method per operation kind (free, page out
+and in, recompute, compress); schedules that mix them give autograd's gradients; a read of what the
+schedule does not hold is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Reruns of forward nodes (poetlab.torch.execute.step_compute, NOTE [3]): on the first run's RNG state (dropout draws the same masks) and with BatchNorm's statistics as a plain step leaves them."""
+"""Reruns of forward nodes (poetlab.torch.execute.step_compute, NOTE [3]): on the first run's RNG state
+(dropout draws the same masks) and with BatchNorm's statistics as a plain step leaves them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A step's storage records and autograd's saved-tensor hooks (poetlab.torch.execute.step_records): a failure inside a managed node leaves no hooks and no step state behind."""
+"""A step's storage records and autograd's saved-tensor hooks (poetlab.torch.execute.step_records): a failure
+inside a managed node leaves no hooks and no step state behind."""
 
 from __future__ import annotations
 
