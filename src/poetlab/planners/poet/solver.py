@@ -38,6 +38,7 @@ from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
+from poetlab.planners.poet.intervals import interval_schedules
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
@@ -61,6 +62,11 @@ NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
 #: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
 #: can also prove the optimum (the window search's time would come out of that solve's)
 NEIGHBOURHOOD_MIN_COLUMNS = 10_000
+#: the share of the time limit the interval relaxation may take for its start, and the limit below which it is
+#: skipped (:mod:`poetlab.planners.poet.intervals`: a schedule that rebuilds from checkpoints where the
+#: other starts page; docs/solve.md, NOTE 5)
+INTERVAL_SHARE = 0.2
+INTERVAL_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -281,6 +287,11 @@ def solve(
 
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
+
+    if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven():
+        remaining = started + time_limit_s - time.perf_counter()
+        for schedule in interval_schedules(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, remaining))):
+            start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting)
 
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
