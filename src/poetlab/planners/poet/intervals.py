@@ -19,10 +19,10 @@ point of this MILP at no more than its energy (NOTE 5), so its optimum, or a sto
 is a lower bound: :func:`interval_bound`.
 
 What it does not see is RAM inside a stage while a recomputation runs; so a solution made into a
-schedule (:func:`interval_schedule`) may exceed the budget there. :func:`interval_schedules` solves it
-with the budget less a margin (the largest tensor, then half of it) for quick starts that the caller
-replays: on resnet18_cifar/m4 at 10% and 1.05x its schedule costs 1.11 plain steps, where the other
-starts and the window search gave 1.36.
+schedule (:func:`interval_schedule`) may exceed the budget there. :func:`interval_start` solves it at the
+budget (the bound) and with the budget less a margin (the largest tensor, then half of it) for quick
+starts that the caller replays: on resnet18_cifar/m4 at 10% and 1.05x its schedule costs 1.11 plain
+steps, where the other starts and the window search gave 1.36.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ log = logging.getLogger("poetlab.bounds")
 class IntervalBound:
     """The bound (J); whether HiGHS proved the relaxation's optimum (else a stopped solve's dual bound);
     the relaxation's best solution made into a schedule (None if it found none; replay it: the
-    relaxation does not see every moment's RAM); the problem's size and the seconds it took."""
+    relaxation does not see every moment's RAM); the problem's size and the seconds it took; and the
+    best solution's objective in plain steps (None if none: the most this relaxation could prove)."""
 
     bound_j: float
     optimal: bool
@@ -54,6 +55,7 @@ class IntervalBound:
     n_columns: int
     n_rows: int
     seconds: float
+    incumbent: float | None = None
 
 
 @dataclass
@@ -206,13 +208,14 @@ def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     schedule = None if result.x is None else interval_schedule(graph, problem, np.asarray(result.x) > 0.5)
     seconds = time.perf_counter() - started
     size = (n, problem.A.shape[0])
+    incumbent = None if result.x is None else 1.0 + float(problem.cost @ np.asarray(result.x).round())
     if result.status == 2:
         log.info("interval bound: its relaxation is infeasible")
         return IntervalBound(trivial, False, None, *size, seconds)
     extra = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
     if extra is None or not np.isfinite(extra):
-        return IntervalBound(trivial, False, schedule, *size, seconds)
-    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0, schedule, *size, seconds)
+        return IntervalBound(trivial, False, schedule, *size, seconds, incumbent)
+    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0, schedule, *size, seconds, incumbent)
 
 
 def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) -> Schedule | None:
@@ -275,24 +278,31 @@ def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) ->
     return Schedule.from_matrices(graph, R, S_RAM, S_SSD, M_IN, M_OUT)
 
 
-def interval_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> list[Schedule]:
-    """Schedules from the relaxation solved with the budget less a margin for the RAM a recomputation
-    holds inside a stage, which its rows do not see: the largest tensor, then half of it, then none, each
-    tried only if the one before found no solution, within ``time_limit_s`` in all. Quick starts for the
-    MILP: the caller replays them and drops those over the budgets. None with compression,
-    ``charge_pagein`` (page-ins here land at the end of a stage) or without recomputation."""
+def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
+    """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: half of it at the
+    exact budget (the bound, and a schedule that may not fit: the rows do not see RAM inside a stage while
+    a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
+    half of it, each tried only if the one before found no solution): quick starts the caller replays,
+    dropping those over the budgets. The trivial bound and no schedules with compression; no schedules
+    with ``charge_pagein`` (page-ins here land at the end of a stage) or without recomputation."""
     import time
 
-    if options.compression or options.charge_pagein or not options.remat:
-        return []
+    if options.compression:
+        return costs.plain_step_energy_j, []
     deadline = time.perf_counter() + time_limit_s
+    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 2)
+    log.info("interval bound: %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
+    if options.charge_pagein or not options.remat:
+        return exact.bound_j, []
+    schedules = [exact.schedule] if exact.schedule is not None else []
     largest = float(graph.output_bytes.max())
-    for margin in (largest, largest / 2, 0.0):
+    for margin in (largest, largest / 2):
         left = deadline - time.perf_counter()
-        if left <= 0.1:
+        if left <= 0.1 or (exact.optimal and exact.schedule is None):
             break
         found = interval_bound(graph, costs, replace(options, ram_budget_bytes=options.ram_budget_bytes - margin), time_limit_s=left, mip_gap=1e-4)
         if found.schedule is not None:
             log.info("interval relaxation (budget less %d bytes): a schedule from its solution, %.1f s", margin, found.seconds)
-            return [found.schedule]
-    return []
+            schedules.append(found.schedule)
+            break
+    return exact.bound_j, schedules
