@@ -279,7 +279,7 @@ def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) ->
 
 
 def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
-    """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: half of it at the
+    """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: a third of it at the
     exact budget (the bound, and a schedule that may not fit: the rows do not see RAM inside a stage while
     a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
     half of it, each tried only if the one before found no solution): quick starts the caller replays,
@@ -290,7 +290,7 @@ def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     if options.compression:
         return costs.plain_step_energy_j, []
     deadline = time.perf_counter() + time_limit_s
-    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 2)
+    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3)
     log.info("interval bound: %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
     if options.charge_pagein or not options.remat:
         return exact.bound_j, []

@@ -64,11 +64,11 @@ NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
 #: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
 #: can also prove the optimum (the window search's time would come out of that solve's)
 NEIGHBOURHOOD_MIN_COLUMNS = 10_000
-#: the share of the time limit the interval relaxation may take (half for its bound, half for a start), and
+#: the share of the time limit the interval relaxation may take (a third for its bound, the rest for a start), and
 #: the limit below which it is skipped (:mod:`poetlab.planners.poet.intervals`: a bound that charges a
 #: recomputation its inputs, and a schedule that rebuilds from checkpoints where the other starts page;
 #: docs/solve.md, NOTE 5)
-INTERVAL_SHARE = 0.3
+INTERVAL_SHARE = 0.4
 INTERVAL_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
