@@ -70,6 +70,8 @@ NEIGHBOURHOOD_MIN_COLUMNS = 10_000
 #: docs/solve.md, NOTE 5)
 INTERVAL_SHARE = 0.4
 INTERVAL_MIN_TIME_LIMIT_S = 5.0
+#: and the most seconds it takes whatever the limit (longer limits go to the relaxation and the windows)
+INTERVAL_MAX_S = 30.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -293,7 +295,7 @@ def solve(
 
     if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
-        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, remaining)))
+        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting)
