@@ -9,7 +9,9 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else solve the stage relaxation (:mod:`poetlab.planners.poet.relaxation`) for a share of the
+   optimal. Else solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a share of
+   the time limit: its bound joins the eviction bound, and its solutions (at the budget and at the budget
+   less a margin) made into schedules join the starts. Else solve the stage relaxation (:mod:`poetlab.planners.poet.relaxation`) for a share of the
    time limit: its bound joins the eviction bound, its solution made into a schedule joins the
    starts, and a start within the gap of the better bound is optimal. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
@@ -38,6 +40,7 @@ from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
+from poetlab.planners.poet.intervals import interval_start
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
@@ -61,6 +64,14 @@ NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
 #: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
 #: can also prove the optimum (the window search's time would come out of that solve's)
 NEIGHBOURHOOD_MIN_COLUMNS = 10_000
+#: the share of the time limit the interval relaxation may take (a third for its bound, the rest for a start), and
+#: the limit below which it is skipped (:mod:`poetlab.planners.poet.intervals`: a bound that charges a
+#: recomputation its inputs, and a schedule that rebuilds from checkpoints where the other starts page;
+#: docs/solve.md, NOTE 5)
+INTERVAL_SHARE = 0.4
+INTERVAL_MIN_TIME_LIMIT_S = 5.0
+#: and the most seconds it takes whatever the limit (longer limits go to the relaxation and the windows)
+INTERVAL_MAX_S = 30.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -281,6 +292,14 @@ def solve(
 
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
+
+    if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven():
+        remaining = started + time_limit_s - time.perf_counter()
+        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)))
+        lower_bound = max(lower_bound, interval_j)
+        for schedule in schedules:
+            start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting)
+        log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()

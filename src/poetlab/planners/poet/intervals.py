@@ -1,0 +1,308 @@
+"""The interval relaxation: the eviction bound with a recomputation's inputs charged (NOTE 5 in docs/solve.md),
+and the schedules its solutions make.
+
+The eviction bound (:mod:`poetlab.planners.poet.bounds`, NOTE 2) lets a tensor that the budget cannot
+hold across a stage be regenerated once, for its own rerun's price, whatever that rerun needs. Here the
+stages over budget, t_1 < ... < t_m, cut the step into intervals (t_a, t_{a+1}], and per row stage t_a
+and tensor j there are three choices:
+
+- H[j, a]: j is held at the end of stage t_a's computation (kept for stage t_a + 1); its bytes count in
+  stage t_a's memory row, beside node t_a's output, inputs and workspace;
+- RC[j, a]: j is recomputed in a stage of interval a (t_a + 1 .. t_{a+1});
+- PG[j, a]: j is paged in in a stage t_a .. t_{a+1} - 1 (and out once, before).
+
+A tensor read in interval a is held at t_a or regenerated in interval a; held at t_{a+1}, it was in RAM
+in interval a; recomputed in interval a, its inputs are in RAM in interval a. Each RC and PG is priced
+(and timed against the runtime budget's slack) once per interval, so a tensor needed in two intervals is
+held across the row stage between them or regenerated twice. Every schedule of POET's MILP maps to a
+point of this MILP at no more than its energy (NOTE 5), so its optimum, or a stopped solve's dual bound,
+is a lower bound: :func:`interval_bound`.
+
+What it does not see is RAM inside a stage while a recomputation runs; so a solution made into a
+schedule (:func:`interval_schedule`) may exceed the budget there. :func:`interval_start` solves it at the
+budget (the bound) and with the budget less a margin (the largest tensor, then half of it) for quick
+starts that the caller replays: on resnet18_cifar/m4 at 10% and 1.05x its schedule costs 1.11 plain
+steps, where the other starts and the window search gave 1.36.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+import scipy.sparse as sp
+
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.bounds import eviction_demands
+from poetlab.planners.poet.milp import MilpOptions
+from poetlab.core.schedule import Schedule
+
+log = logging.getLogger("poetlab.bounds")
+
+
+@dataclass(frozen=True)
+class IntervalBound:
+    """The bound (J); whether HiGHS proved the relaxation's optimum (else a stopped solve's dual bound);
+    the relaxation's best solution made into a schedule (None if it found none; replay it: the
+    relaxation does not see every moment's RAM); the problem's size and the seconds it took; and the
+    best solution's objective in plain steps (None if none: the most this relaxation could prove)."""
+
+    bound_j: float
+    optimal: bool
+    schedule: Schedule | None
+    n_columns: int
+    n_rows: int
+    seconds: float
+    incumbent: float | None = None
+
+
+@dataclass
+class _Problem:
+    """The interval relaxation as arrays, and where each choice's column is."""
+
+    stages: list[int]  # the row stages t_a, ascending
+    tracked: list[list[int]]  # per row stage, the tensors it speaks of
+    H: list[dict[int, int]]  # per row stage, tensor -> column of "held at the end of t_a"
+    RC: list[dict[int, int]]  # per row stage, tensor -> column of "recomputed in stages t_a+1 .. t_{a+1}"
+    PG: list[dict[int, int]]  # per row stage, tensor -> column of "paged in in stages t_a .. t_{a+1}-1"
+    cost: np.ndarray
+    upper: np.ndarray
+    A: sp.csr_matrix
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    runtime: np.ndarray | None  # per column, the seconds it takes from the runtime budget's slack
+    slack_s: float
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.n_cols = 0
+        self.rows: list[np.ndarray] = []
+        self.cols: list[np.ndarray] = []
+        self.vals: list[np.ndarray] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+
+    def columns(self, count: int) -> np.ndarray:
+        ids = np.arange(self.n_cols, self.n_cols + count)
+        self.n_cols += count
+        return ids
+
+    def row(self, cols, vals, lower: float, upper: float) -> None:
+        cols = np.asarray(cols, dtype=np.int64)
+        keep = cols >= 0
+        self.rows.append(np.full(int(keep.sum()), len(self.lower)))
+        self.cols.append(cols[keep])
+        self.vals.append(np.broadcast_to(np.asarray(vals, dtype=float), cols.shape)[keep])
+        self.lower.append(lower)
+        self.upper.append(upper)
+
+    def matrix(self) -> sp.csr_matrix:
+        return sp.csr_matrix((np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))), shape=(len(self.lower), self.n_cols))
+
+
+def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> _Problem | None:
+    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes
+    budget = float(options.ram_budget_bytes) - fixed
+    demands = [] if options.compression else eviction_demands(graph, budget)
+    if not demands:
+        return None
+    T = graph.n_nodes
+    b = graph.output_bytes.astype(float)
+    w = graph.workspace.astype(float)
+    movable = ~graph.pinned
+    can_recompute = movable & options.remat
+    can_page = movable & options.paging
+    inputs = [sorted(set(node.inputs)) for node in graph.nodes]
+    last_use = np.array([max(users) if users else -1 for users in graph.consumers])
+    stages = [t for t, _, _ in demands]
+    rooms = [room - w[t] for t, _, room in demands]  # U[t, t] holds node t's workspace too
+    m = len(stages)
+    # the tensors tracked at each row stage, last to first: needed after it (read later, or tracked at the
+    # next row stage), closed under the inputs of those a recomputation may rebuild
+    tracked: list[list[int]] = [[] for _ in range(m)]
+    later: set[int] = set()
+    for a in range(m - 1, -1, -1):
+        t = stages[a]
+        held = set(inputs[t])
+        seeds = set(np.flatnonzero(last_use[:t] > t).tolist()) | {j for j in later if j < t}
+        seen = {j for j in seeds if j not in held and b[j] > 0}
+        queue = list(seen)
+        while queue:
+            i = queue.pop()
+            if can_recompute[i]:
+                for j in inputs[i]:
+                    if j not in seen and j not in held and b[j] > 0:
+                        seen.add(j)
+                        queue.append(j)
+        tracked[a] = sorted(seen)
+        later = seen
+    out = _Builder()
+    out_col = out.columns(T)  # paged out at least once
+    col_cost = [costs.pageout_energy_j]
+    col_upper = [can_page.astype(float)]
+    col_time = [costs.pageout_time_s if options.count_paging_time else np.zeros(T)]
+    H: list[dict[int, int]] = []
+    RC: list[dict[int, int]] = []
+    PG: list[dict[int, int]] = []
+    for a in range(m):
+        X = np.array(tracked[a], dtype=np.int64)
+        n = X.size
+        h, rc, pg = out.columns(n), out.columns(n), out.columns(n)
+        H.append(dict(zip(X.tolist(), h.tolist())))
+        RC.append({j: c for j, c, ok in zip(X.tolist(), rc.tolist(), can_recompute[X]) if ok})
+        PG.append({j: c for j, c, ok in zip(X.tolist(), pg.tolist(), can_page[X]) if ok})
+        col_cost += [np.zeros(n), costs.recompute_energy_j[X], costs.pagein_energy_j[X]]
+        col_upper += [np.ones(n), can_recompute[X].astype(float), can_page[X].astype(float)]
+        col_time += [np.zeros(n), costs.recompute_runtime_s[X], costs.pagein_time_s[X] if options.count_paging_time else np.zeros(n)]
+    for a in range(m):
+        t = stages[a]
+        end = stages[a + 1] if a + 1 < m else T - 1  # interval a: stages t+1 .. end (recomputes), t .. end-1 (page-ins)
+
+        def present(j: int) -> list[int]:  # in RAM somewhere in interval a: held at t's end, or regenerated in it
+            return [H[a][j], RC[a].get(j, -1), PG[a].get(j, -1)]
+
+        X = tracked[a]
+        out.row([H[a][j] for j in X], b[X], -np.inf, rooms[a])  # stage t's memory at the end of its computation
+        for j in X:
+            if any(t < k <= end for k in graph.consumers[j]):  # read in interval a
+                out.row(present(j), 1.0, 1.0, np.inf)
+            if a + 1 < m and j in H[a + 1]:  # held at the next row stage: in RAM at its start, so present in interval a
+                out.row([H[a + 1][j], *present(j)], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
+            if j in PG[a]:
+                out.row([PG[a][j], out_col[j]], [1.0, -1.0], -np.inf, 0.0)
+        for i, column in RC[a].items():  # a recomputation in interval a needs its inputs there
+            for j in inputs[i]:
+                if j in H[a]:
+                    out.row([*present(j), column], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
+    return _Problem(
+        stages=stages, tracked=tracked, H=H, RC=RC, PG=PG, cost=np.concatenate(col_cost) / costs.plain_step_energy_j,
+        upper=np.concatenate(col_upper), A=out.matrix(), row_lower=np.array(out.lower), row_upper=np.array(out.upper),
+        runtime=None if options.runtime_budget_factor is None else np.concatenate(col_time),
+        slack_s=0.0 if options.runtime_budget_factor is None else (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s,
+    )
+
+
+def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6) -> IntervalBound:
+    """A lower bound (J) on the energy of every schedule of POET's MILP under ``options``: one plain step
+    plus the cheapest regenerations that keep every stage over budget within it, where a tensor needed
+    in two intervals between such stages is held across the stage between them or regenerated in each,
+    and a recomputation needs its inputs. The trivial bound where nothing is over budget or with compression."""
+    import time
+
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    started = time.perf_counter()
+    trivial = costs.plain_step_energy_j
+    problem = _build(graph, costs, options)
+    if problem is None:
+        return IntervalBound(trivial, True, None, 0, 0, time.perf_counter() - started)
+    n = problem.cost.size
+    constraints = [LinearConstraint(problem.A, problem.row_lower, problem.row_upper)]
+    if problem.runtime is not None:
+        constraints.append(LinearConstraint(problem.runtime[None, :], -np.inf, problem.slack_s))
+    result = milp(problem.cost, constraints=constraints, integrality=np.ones(n), bounds=Bounds(np.zeros(n), problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": mip_gap})
+    log.debug("interval bound: status %s, incumbent %s, dual bound %s", result.status, result.fun, getattr(result, "mip_dual_bound", None))
+    schedule = None if result.x is None else interval_schedule(graph, problem, np.asarray(result.x) > 0.5)
+    seconds = time.perf_counter() - started
+    size = (n, problem.A.shape[0])
+    incumbent = None if result.x is None else 1.0 + float(problem.cost @ np.asarray(result.x).round())
+    if result.status == 2:
+        log.info("interval bound: its relaxation is infeasible")
+        return IntervalBound(trivial, False, None, *size, seconds)
+    extra = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
+    if extra is None or not np.isfinite(extra):
+        return IntervalBound(trivial, False, schedule, *size, seconds, incumbent)
+    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0, schedule, *size, seconds, incumbent)
+
+
+def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) -> Schedule | None:
+    """A schedule that follows a solution of the relaxation: across each row stage t_a it keeps what the
+    solution holds (and node t_a's inputs and output where read before the next row stage); between row
+    stages it keeps what is read before the next one or held there; a tensor the solution pages is paged
+    out in the stage after its computation and in at the end of the stage before it is needed; the rest is
+    recomputed where needed (the fewest recomputations, :func:`poetlab.planners.heuristics.minimal_recompute`).
+    None where that would recompute a pinned node."""
+    from poetlab.planners.heuristics import minimal_recompute
+
+    T = graph.n_nodes
+    inputs = [sorted(set(node.inputs)) for node in graph.nodes]
+    stages = problem.stages
+    m = len(stages)
+    row_of = {t: a for a, t in enumerate(stages)}
+    # for each stage s, the row index whose interval holds it (-1 before the first row stage)
+    interval = np.full(T, -1)
+    for a, t in enumerate(stages):
+        interval[t + 1 :] = a
+    held = [{j for j, col in problem.H[a].items() if x[col]} for a in range(m)]
+    paged = [{j for j, col in problem.PG[a].items() if x[col]} for a in range(m)]
+    recomputed = [{j for j, col in problem.RC[a].items() if x[col]} for a in range(m)]
+    wanted_inputs = [{j for i in recomputed[a] for j in inputs[i]} for a in range(m)]
+    S_RAM = np.zeros((T, T), dtype=bool)
+    M_IN = np.zeros((T, T), dtype=bool)
+    M_OUT = np.zeros((T, T), dtype=bool)
+    S_SSD = np.zeros((T, T), dtype=bool)
+
+    def read_in(j: int, first: int, last: int) -> bool:
+        return any(first <= k <= last for k in graph.consumers[j])
+
+    for s in range(T - 1):
+        a = row_of.get(s, interval[s])
+        end = stages[0] if a < 0 else (stages[a + 1] if a + 1 < m else T - 1)
+        later_held = held[a + 1] if a + 1 < m else set()
+        wanted = wanted_inputs[a] if a >= 0 else set()
+        if s in row_of:  # what the solution holds across t_a, and node t_a's inputs and output where needed
+            candidates = held[a] | paged[a] | set(inputs[s]) | {s}
+        else:
+            candidates = range(s + 1)
+        for j in candidates:
+            S_RAM[s + 1, j] = read_in(j, s + 1, end) or j in later_held or j in wanted
+    for a in range(m):
+        for j in paged[a]:
+            # page in at the end of the stage before the interval's first stage that wants j and does not hold it
+            first = next((s for s in range(stages[a] + 1, (stages[a + 1] if a + 1 < m else T - 1) + 1) if S_RAM[s, j] and not S_RAM[s - 1, j]), None)
+            if first is None or first - 1 < j + 2:
+                continue
+            M_IN[first - 1, j] = True
+    for j in np.flatnonzero(M_IN.any(axis=0)):
+        if not S_RAM[j + 1, j]:
+            M_IN[:, j] = False
+            continue
+        M_OUT[j + 1, j] = True
+        S_SSD[j + 2 :, j] = True
+    R = minimal_recompute(graph, S_RAM, M_IN)
+    if (R & ~np.eye(T, dtype=bool))[:, graph.pinned].any():
+        return None  # it would recompute a node that no schedule may recompute
+    return Schedule.from_matrices(graph, R, S_RAM, S_SSD, M_IN, M_OUT)
+
+
+def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
+    """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: a third of it at the
+    exact budget (the bound, and a schedule that may not fit: the rows do not see RAM inside a stage while
+    a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
+    half of it, each tried only if the one before found no solution): quick starts the caller replays,
+    dropping those over the budgets. The trivial bound and no schedules with compression; no schedules
+    with ``charge_pagein`` (page-ins here land at the end of a stage) or without recomputation."""
+    import time
+
+    if options.compression:
+        return costs.plain_step_energy_j, []
+    deadline = time.perf_counter() + time_limit_s
+    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3)
+    log.info("interval bound: %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
+    if options.charge_pagein or not options.remat:
+        return exact.bound_j, []
+    schedules = [exact.schedule] if exact.schedule is not None else []
+    largest = float(graph.output_bytes.max())
+    for margin in (largest, largest / 2):
+        left = deadline - time.perf_counter()
+        if left <= 0.1 or (exact.optimal and exact.schedule is None):
+            break
+        found = interval_bound(graph, costs, replace(options, ram_budget_bytes=options.ram_budget_bytes - margin), time_limit_s=left, mip_gap=1e-4)
+        if found.schedule is not None:
+            log.info("interval relaxation (budget less %d bytes): a schedule from its solution, %.1f s", margin, found.seconds)
+            schedules.append(found.schedule)
+            break
+    return exact.bound_j, schedules
