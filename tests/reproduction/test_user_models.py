@@ -44,10 +44,6 @@ def test_metrics_summary_and_figure_on_tidy_rows():
     plt.close(fig)
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, TypeError), reason=(
-    "bug found by this test, left for its own fix: user_model_metrics reads each check row through iterrows, which "
-    "turns the None of an unexecuted model into NaN; bool(NaN) is True, so the model is reported identical and "
-    "user_model_summary raises TypeError formatting its missing budget"))
 def test_a_model_without_a_feasible_budget_is_said_so():
     frontier = pd.DataFrame([{"model": "b", "feasible": False, "ram_budget_bytes": 1e6, "energy_over_plain": None}])
     checks = pd.DataFrame([{"model": "b", "identical": None, "within_budget": None, "measured_peak_bytes": None, "ram_budget_bytes": None,

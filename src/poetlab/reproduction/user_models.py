@@ -75,8 +75,8 @@ def user_model_metrics(frontier: pd.DataFrame, checks: pd.DataFrame) -> dict[str
         out[check.model] = {
             "n_budgets": int(len(mine)), "n_feasible": int(len(feasible)),
             "energy_over_plain_at_tightest": None if feasible.empty else float(feasible.energy_over_plain.iloc[-1]),
-            "identical": None if check.identical is None else bool(check.identical),
-            "within_budget": None if check.within_budget is None else bool(check.within_budget),
+            "identical": None if pd.isna(check.identical) else bool(check.identical),  # (iterrows makes None NaN)
+            "within_budget": None if pd.isna(check.within_budget) else bool(check.within_budget),
             "measured_peak_bytes": None if pd.isna(check.measured_peak_bytes) else int(check.measured_peak_bytes),
             "ram_budget_bytes": None if pd.isna(check.ram_budget_bytes) else float(check.ram_budget_bytes),
             "moved_tensors": None if pd.isna(check.n_recomputes) else int(check.n_recomputes + check.n_pageouts),

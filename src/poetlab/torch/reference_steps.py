@@ -1,5 +1,5 @@
 """Reference steps the executor is measured and checked against (``benchmarks/bench_execute.py``,
-``benchmarks/ab_execute.py``, ``tests/test_bench_handstep.py``): :class:`HandStep`, a plain step doing a
+``benchmarks/ab_execute.py``, ``tests/torch/test_reference_steps.py``): :class:`HandStep`, a plain step doing a
 schedule's reruns and paging by hand, and :class:`CheckpointStep`, the same reruns by
 ``torch.utils.checkpoint``. See docs/benchmarks.md."""
 
