@@ -7,7 +7,6 @@ import dataclasses
 
 import matplotlib.pyplot as plt
 import pandas as pd
-import pytest
 
 from poetlab.reproduction.config import stage_config
 from poetlab.reproduction.user_models import user_model_figure, user_model_metrics, user_model_summary, user_model_tables
