@@ -54,8 +54,9 @@ def _transient(events: list[tuple[int, int, int]]) -> int:
 def rng_reserve_bytes(traced: TracedStep) -> int:
     """Bytes the executor keeps beside a step's tensors to replay random numbers: one saved RNG state (a
     5 KB tensor on CPU) per forward node that draws (dropout), for its rerun (docs/executor.md NOTE [3]),
-    and one more, read around every node of an executor's first step (to learn which nodes draw) and around
-    a rerun (to put the state back after it)."""
+    and two more: the state read before each node of an executor's first step, held while it runs (and
+    until the next node's), and the one read after it, beside it, to learn whether the node drew; in a
+    rerun, the state before it is the one put back after it, beside the node's own."""
     graph = traced.graph
     draws = 0
     with torch.random.fork_rng(devices=[]):
@@ -65,7 +66,7 @@ def rng_reserve_bytes(traced: TracedStep) -> int:
             before = torch.get_rng_state()
             node_probe(traced, i).forward()
             draws += not torch.equal(before, torch.get_rng_state())
-    return (draws + 1) * torch.get_rng_state().numel()
+    return (draws + 2) * torch.get_rng_state().numel()
 
 
 def shared_gradient_bytes(graph) -> int:

@@ -133,7 +133,7 @@ class StepRecords:
         packs, self.packs = self.packs, None
         st = self.state[i]
         st.n_packs = len(packs)  # type: ignore[arg-type]
-        st.rng_state = self.rng_before
+        st.rng_state, self.rng_before = self.rng_before, None
         self.n_computes += 1
         st.owned = st.held = self._learnt_storages(i, packs, external)  # type: ignore[arg-type]
         st.computed = st.in_ram = True
@@ -204,6 +204,7 @@ class StepRecords:
             draws = self.ex.draws_rng[i] = not torch.equal(self.rng_before, torch.get_rng_state())
         if draws:
             st.rng_state = self.rng_before  # the node draws random numbers (dropout): replay them on a rerun
+        self.rng_before = None  # (not held past its node: the RNG states a step holds are rng_reserve_bytes')
         managed = i in self.layout.managed
         sources = self.plan.owned_sources.get(i) if packs is not None else None
         tracking = self.plan.tracking
