@@ -35,13 +35,14 @@ NOTEBOOKS = ("baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "
 
 
 def row(method="poet", fraction=1.0, energy=1.0, plain=1.0, peak=100, runtime=1.0, factor=2.0, gap=0.0, status="optimal",
-        model="m", platform="p", budget=None, feasible=True) -> dict:
+        model="m", platform="p", budget=None, feasible=True, overlapped=None) -> dict:
     return dict(
         model=model, platform=platform, method=method, budget_fraction=fraction,
         ram_budget_bytes=budget if budget is not None else int(50 + 50 * fraction), runtime_budget_factor=factor,
         feasible=feasible, status=status if feasible else "infeasible", energy_j=energy if feasible else None,
         energy_overhead=energy / plain - 1 if feasible else None, runtime_s=runtime if feasible else None,
-        peak_ram_bytes=peak if feasible else None, n_recomputes=0, n_pageouts=0, mip_gap=gap, plan_time_s=0.1, reason="",
+        overlapped_runtime_s=(runtime if overlapped is None else overlapped) if feasible else None,
+        peak_ram_bytes=peak if feasible else None, overlapped_peak_ram_bytes=peak if feasible else None, n_recomputes=0, n_pageouts=0, mip_gap=gap, plan_time_s=0.1, reason="",
     )
 
 
@@ -122,10 +123,12 @@ def test_capuchin_table_metrics_and_figure():
 
 
 def test_pofo_table_changes():
-    data = rows(row("poet", 0.5, 1.0, peak=90, runtime=1.0), row("pofo", 0.5, 1.1, peak=100, runtime=1.25), row("poet", 0.0, 1.2, peak=50), row("pofo", 0.0, feasible=False))
+    data = rows(row("poet", 0.5, 1.0, peak=90, runtime=1.0), row("pofo", 0.5, 1.1, peak=100, runtime=1.25, overlapped=0.8),
+                row("poet", 0.0, 1.2, peak=50), row("pofo", 0.0, feasible=False))
     table = pofo_table(data)
     first = table.iloc[0]
     assert first.poet_peak_change == pytest.approx(-0.1) and first.poet_throughput_change == pytest.approx(0.25)
+    assert first.poet_overlapped_throughput_change == pytest.approx(-0.2)  # POFO faster once its transfers overlap
     assert pd.isna(table.iloc[1].poet_peak_change)
     metrics = pofo_metrics(table)
     assert metrics["n_both_feasible"] == 1 and metrics["n_pofo_infeasible"] == 1

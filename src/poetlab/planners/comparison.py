@@ -20,6 +20,7 @@ import pandas as pd
 
 from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
 from poetlab.planners.baselines.milp_variants import INTEGRATED, MILP_VARIANTS, solve_variant
+from poetlab.planners.transfer_order import issue_for_overlap
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.progress import progress_bar
@@ -27,7 +28,6 @@ from poetlab.core.graph import TrainingGraph
 from poetlab.core.paper_models import build_paper_graph
 from poetlab.core.platforms import load_platform
 from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.overlap import overlapped_timing
 from poetlab.core.schedule import Schedule, SimulationResult, checkpoint_all_schedule, simulate
 
 METHODS: tuple[str, ...] = (*MILP_VARIANTS, *(name for name in BASELINES if name not in MILP_VARIANTS))
@@ -39,7 +39,9 @@ class ComparisonRow:
     (0.0 means no extra energy at all); None fields mean the method has no schedule. ``runtime_s`` is the
     simulator's (compute and transfers one after the other, the POET paper's model);
     ``overlapped_runtime_s`` the same schedule's with transfers on a stream beside the computations
-    (POFO's model, :mod:`poetlab.core.overlap`)."""
+    (POFO's model, :mod:`poetlab.core.overlap`), its page-ins issued earlier and its page-outs' frees
+    later within the RAM budget (:func:`~poetlab.planners.transfer_order.issue_for_overlap`), whose peak
+    is ``overlapped_peak_ram_bytes``."""
 
     model: str
     platform: str
@@ -54,6 +56,7 @@ class ComparisonRow:
     runtime_s: float | None
     overlapped_runtime_s: float | None
     peak_ram_bytes: int | None
+    overlapped_peak_ram_bytes: int | None
     n_recomputes: int | None
     n_pageouts: int | None
     mip_gap: float | None
@@ -118,9 +121,11 @@ def compare_methods(
             planned = run_baseline(method, graph, costs, budgets, options)
             schedule, sim, gap, seconds, reason = planned.schedule, planned.simulation, None, planned.plan_time_s, planned.reason
             status = "planned" if planned.feasible else "no schedule"
-        overlapped = None if sim is None else overlapped_timing(schedule, graph, costs, sim).runtime_s
+        overlap = None if sim is None else issue_for_overlap(schedule, graph, costs, ram_bytes)
         rows[fraction, method] = ComparisonRow(
-            **common, **_measured(sim, plain), overlapped_runtime_s=overlapped, status=status, mip_gap=gap, plan_time_s=seconds, reason=reason
+            **common, **_measured(sim, plain), status=status, mip_gap=gap, plan_time_s=seconds, reason=reason,
+            overlapped_runtime_s=None if overlap is None else overlap.timing.runtime_s,
+            overlapped_peak_ram_bytes=None if overlap is None else overlap.simulation.peak_ram_bytes,
         )
     return [rows[fraction, method] for fraction, _ in ladder for method in methods]
 
