@@ -80,6 +80,8 @@ def overlapped_timing(schedule: Schedule, graph: TrainingGraph, costs: CostModel
         elif op.kind in (OpKind.COMPRESS, OpKind.DECOMPRESS):
             seconds = float((compression.compress_time_s if op.kind is OpKind.COMPRESS else compression.decompress_time_s)[i])
             issued = max(issued, arrives[i]) + seconds
+            if op.kind is OpKind.DECOMPRESS:  # the dense tensor exists again once decompressed
+                exists[i] = issued
             compute_s += seconds
         elif op.kind is OpKind.PAGE_OUT:
             seconds = float(costs.pageout_time_s[i])
