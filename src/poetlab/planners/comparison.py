@@ -20,6 +20,7 @@ import pandas as pd
 
 from poetlab.planners.baselines import BASELINES, Budgets, PlanOptions, run_baseline
 from poetlab.planners.baselines.milp_variants import INTEGRATED, MILP_VARIANTS, solve_variant
+from poetlab.planners.transfer_order import issue_for_overlap
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.progress import progress_bar
@@ -35,7 +36,12 @@ METHODS: tuple[str, ...] = (*MILP_VARIANTS, *(name for name in BASELINES if name
 @dataclass(frozen=True)
 class ComparisonRow:
     """One method at one budget. ``energy_overhead`` is the energy over one plain step's, minus one
-    (0.0 means no extra energy at all); None fields mean the method has no schedule."""
+    (0.0 means no extra energy at all); None fields mean the method has no schedule. ``runtime_s`` is the
+    simulator's (compute and transfers one after the other, the POET paper's model);
+    ``overlapped_runtime_s`` the same schedule's with transfers on a stream beside the computations
+    (POFO's model, :mod:`poetlab.core.overlap`), its page-ins issued earlier and its page-outs' frees
+    later within the RAM budget (:func:`~poetlab.planners.transfer_order.issue_for_overlap`), whose peak
+    is ``overlapped_peak_ram_bytes``."""
 
     model: str
     platform: str
@@ -48,7 +54,9 @@ class ComparisonRow:
     energy_j: float | None
     energy_overhead: float | None
     runtime_s: float | None
+    overlapped_runtime_s: float | None
     peak_ram_bytes: int | None
+    overlapped_peak_ram_bytes: int | None
     n_recomputes: int | None
     n_pageouts: int | None
     mip_gap: float | None
@@ -108,12 +116,17 @@ def compare_methods(
             solved = solve_variant(method, graph, costs, budgets, options, starts=starts[fraction] if method in INTEGRATED else ())
             if solved.schedule is not None and method not in INTEGRATED:
                 starts[fraction].append(solved.schedule)
-            sim, status, gap, seconds, reason = solved.simulation, solved.status, solved.mip_gap, solved.solve_time_s, solved.message
+            schedule, sim, status, gap, seconds, reason = solved.schedule, solved.simulation, solved.status, solved.mip_gap, solved.solve_time_s, solved.message
         else:
             planned = run_baseline(method, graph, costs, budgets, options)
-            sim, gap, seconds, reason = planned.simulation, None, planned.plan_time_s, planned.reason
+            schedule, sim, gap, seconds, reason = planned.schedule, planned.simulation, None, planned.plan_time_s, planned.reason
             status = "planned" if planned.feasible else "no schedule"
-        rows[fraction, method] = ComparisonRow(**common, **_measured(sim, plain), status=status, mip_gap=gap, plan_time_s=seconds, reason=reason)
+        overlap = None if sim is None else issue_for_overlap(schedule, graph, costs, ram_bytes)
+        rows[fraction, method] = ComparisonRow(
+            **common, **_measured(sim, plain), status=status, mip_gap=gap, plan_time_s=seconds, reason=reason,
+            overlapped_runtime_s=None if overlap is None else overlap.timing.runtime_s,
+            overlapped_peak_ram_bytes=None if overlap is None else overlap.simulation.peak_ram_bytes,
+        )
     return [rows[fraction, method] for fraction, _ in ladder for method in methods]
 
 

@@ -6,8 +6,10 @@ Two objectives (``solve_pofo(..., objective=...)``): ``time``, POFO as published
 the step time, a recomputation costing its runtime and a page its transfer time at the platform's
 latency and bandwidth; a paged-out tensor holds its memory until the page-out ends, since its free
 follows the transfer in the schedule), and ``energy``, the kit's adaptation (method ``pofo``, described
-below). POFO's overlap of transfers with computation is not modelled: the simulator has one stream, so
-a transfer's time adds to the step's, for POFO and POET alike.
+below). The DP prices a transfer at its full time, as if it did not overlap computation (an upper bound
+on its cost in POFO's model); the simulator's ``runtime_s`` adds it to the step's, for POFO and POET
+alike, and the comparison also times every schedule with transfers beside compute, its transfers issued
+for overlap (:mod:`poetlab.core.overlap`, :mod:`poetlab.planners.transfer_order`; docs/solving.md).
 
 Reproduced: their dynamic program over a chain (the rotor/revolve recursion "advance from the left
 state to a split point, reverse the right part, then the left part", over every split point and a
@@ -24,9 +26,9 @@ added, ``SLACK_SLOTS``, and the first plan that replays within the true budget i
 rounding does not turn a budget POFO can meet into "no schedule"); and a runtime budget is met by a Lagrangian sweep
 (recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
 that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
-:func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's timing model of the
-transfers (bandwidth, the memory an offload holds until it completes), which neither the simulator nor
-the MILP charges.
+:func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's choices under its
+overlapped timing (the DP chooses with each transfer at its full time; only its schedule's timing is
+read with overlap).
 
 Against the POET MILP: POFO's schedules follow the MILP's stage rules (a recomputation in the stage of
 the backward node it serves, a page-out at the start of a stage in which the tensor is resident, a
