@@ -187,11 +187,10 @@ class TrainingGraph:
         :func:`poetlab.solve` keeps free for the whole step: the RNG states an executor saves to replay
         dropout in a rerun (``metadata["rng_state_bytes"]``) and the gradient contributions autograd holds
         for a parameter that several nodes use until it sums them (``metadata["shared_gradient_bytes"]``;
-        both :mod:`poetlab.torch.workspace`), and a margin for what an executor allocates that the
-        simulator does not see (``metadata["executor_margin_bytes"]``: one operation's largest workspace;
-        a schedule that recomputes or pages measured up to 9% over its simulated peak without it, the
-        executor's own temporaries around reruns and page-ins); 0 elsewhere."""
-        return sum(int(self.metadata.get(key, 0) or 0) for key in ("rng_state_bytes", "shared_gradient_bytes", "executor_margin_bytes"))
+        both :mod:`poetlab.torch.workspace`); 0 elsewhere. (No margin beside them: with each operation's
+        workspace counted while it runs, executed plans measure at or under
+        their simulated peak plus these bytes, docs/tracing.md.)"""
+        return sum(int(self.metadata.get(key, 0) or 0) for key in ("rng_state_bytes", "shared_gradient_bytes"))
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:

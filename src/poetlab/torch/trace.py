@@ -306,8 +306,6 @@ def trace_step(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_mod
         rng_bytes = rng_reserve_bytes(traced)
     traced.graph.metadata["rng_state_bytes"] = rng_bytes
     traced.graph.metadata["shared_gradient_bytes"] = shared_gradient_bytes(traced.graph)
-    # (what the executor allocates beyond the simulator's count: TrainingGraph.reserved_bytes)
-    traced.graph.metadata["executor_margin_bytes"] = max(workspaces.values(), default=0)
     traced.graph.metadata["workspace_by_node"] = {traced.graph.nodes[i].name: b for i, b in sorted(workspaces.items())}
     return traced
 

@@ -257,7 +257,7 @@ def solve(
 
     footprint, node = min_footprint_bytes(graph)
     if footprint + fixed > ram_budget_bytes:
-        extra = f" plus {fixed:,} bytes kept free beside the tensors (parameters and gradients where asked, RNG states, shared-weight gradients and the executor's margin: TrainingGraph.reserved_bytes)" if fixed else ""
+        extra = f" plus {fixed:,} bytes kept free beside the tensors (parameters and gradients where asked, RNG states and shared-weight gradients: TrainingGraph.reserved_bytes)" if fixed else ""
         message = (
             f"the RAM budget {int(ram_budget_bytes):,} bytes is below the smallest single-node footprint "
             f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output{' and workspace' if graph.workspace[node] else ''} in RAM at once)"
