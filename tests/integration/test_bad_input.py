@@ -703,7 +703,7 @@ def test_worker_dies_with_a_killed_parent_even_when_idle(tmp_path):
     read_end, write_end = os.pipe()
     parent_code = (
         "import os, subprocess, sys, time\n"
-        f"worker = subprocess.Popen([sys.executable, '-I', {str(backends._WORKER)!r}, str(os.getpid())], stdin={read_end}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"worker = subprocess.Popen([sys.executable, '-I', {str(backends.WORKER_PATH)!r}, str(os.getpid())], stdin={read_end}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(worker.pid, flush=True)\n"
         "time.sleep(600)\n"
     )

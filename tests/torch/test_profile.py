@@ -188,7 +188,7 @@ def test_the_rerun_probe_reruns_a_node_as_the_executor_does():
     """Each forward node is rerun in the middle of a backward pass with grad on and what autograd saves
     collected (the executor's rerun, not a forward pass under the backward pass's grad mode, off), in one
     step of every ``stride``: ``repeats`` samples each, from ``(warmup + repeats) * stride`` whole steps."""
-    from poetlab.torch.profile import _rerun_samples
+    from poetlab.torch.profile import rerun_samples
     from poetlab.torch.trace import trace_step
 
     torch.manual_seed(0)
@@ -197,7 +197,7 @@ def test_the_rerun_probe_reruns_a_node_as_the_executor_does():
     traced = trace_step(module, (x,), nn.CrossEntropyLoss(), y, fuse=False, name="spied")
     for stride in (1, 2):
         module.calls.clear()
-        samples = _rerun_samples(traced, (x,), nn.CrossEntropyLoss(), y, repeats=3, warmup=1, clock="cpu", stride=stride)
+        samples = rerun_samples(traced, (x,), nn.CrossEntropyLoss(), y, repeats=3, warmup=1, clock="cpu", stride=stride)
         in_backward = [call for call in module.calls if call[0]]
         assert len(in_backward) == 3 + 1 and all(grad and hooked for _, grad, hooked in in_backward)
         assert len(module.calls) - len(in_backward) == (3 + 1) * stride  # (the whole steps' forward passes)

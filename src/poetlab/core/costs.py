@@ -151,7 +151,7 @@ class CostModel:
         exactly as probed.
 
         A rerun is priced at its time as the profile measured it, rerun as the executor reruns it in the
-        middle of a backward pass of a whole step (``NodeTiming.rerun_s``: :func:`poetlab.torch.profile._rerun_samples`),
+        middle of a backward pass of a whole step (``NodeTiming.rerun_s``: :func:`poetlab.torch.profile.rerun_samples`),
         as it is: it was timed inside a step, so there is nothing to calibrate; its energy at the node's
         probed power (``energy_j / runtime_s``). Where the profile did not time it, a rerun costs the node's
         (calibrated) compute."""

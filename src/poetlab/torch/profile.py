@@ -288,7 +288,7 @@ def profile_model(
                     step_samples_list.append(end - start)
             step_s, step_samples = statistics.median(step_samples_list), tuple(step_samples_list)
             forward_s = statistics.median(forward_samples)
-            reruns = _rerun_samples(traced, inputs, loss_fn, targets, repeats, warmup, clock)
+            reruns = rerun_samples(traced, inputs, loss_fn, targets, repeats, warmup, clock)
             timings = [
                 replace(t, rerun_s=statistics.median(reruns[k]), rerun_samples_s=tuple(reruns[k])) if k in reruns else t
                 for k, t in enumerate(timings)
@@ -299,7 +299,7 @@ def profile_model(
     return graph, ModelProfile(name, batch_size, fuse, tuple(timings), step_s, step_samples, forward_s)
 
 
-def _rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: int, warmup: int, clock: str, stride: int = RERUN_STRIDE) -> dict[int, list[float]]:
+def rerun_samples(traced, inputs: tuple, loss_fn: Callable, targets, repeats: int, warmup: int, clock: str, stride: int = RERUN_STRIDE) -> dict[int, list[float]]:
     """Per forward node (not an input, not the loss): the times of its rerun as the executor reruns it, in
     the middle of a backward pass: from a pre-hook on the autograd node of its output, i.e. just before
     autograd computes its gradient, where a checkpointing schedule reruns it, its fx nodes as generated code

@@ -226,7 +226,7 @@ def test_pofo_has_no_memory_grid_artefact_at_the_smallest_footprint():
     slots = pofo.memory_slots(graph, planning_chain("pofo", graph, budgets), footprint)
     assert slots.unit > math.gcd(*(int(b) for b in graph.output_bytes))  # a coarse grid
     with pytest.raises(CannotMeetBudget):
-        pofo._solve_on_grid(graph, costs, budgets, planning_chain("pofo", graph, budgets), slots, "energy")
+        pofo.solve_on_grid(graph, costs, budgets, planning_chain("pofo", graph, budgets), slots, "energy")
     found = pofo.solve_pofo(graph, costs, budgets)
     assert found.slots.budget > slots.budget and found.simulation.peak_ram_bytes <= footprint
     assert simulate(found.schedule, graph, costs, ram_budget_bytes=footprint).energy_j == found.simulation.energy_j

@@ -92,7 +92,7 @@ def test_worker_ignores_the_current_directory(tmp_path, monkeypatch):
 def test_a_worker_that_dies_is_an_error_not_a_time_limit(tmp_path, monkeypatch, script, last_line):
     worker = tmp_path / "worker.py"
     worker.write_text(script)
-    monkeypatch.setattr(backends, "_WORKER", worker)
+    monkeypatch.setattr(backends, "WORKER_PATH", worker)
     graph, costs, peak = _setup("linear", "m0")
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=peak // 2, runtime_budget_factor=2.0))
     with pytest.raises(PoetlabError, match=f"without an answer: {last_line}"):

@@ -55,12 +55,12 @@ def test_the_exact_optimum_is_a_point_of_the_relaxation_and_bounds_it(model, pla
 def test_paper_schedules_are_points_of_the_relaxation_at_their_energy(model, fraction, factor):
     """The quick starts of two m4 instances (greedy, DTR, Capuchin, covers): each is a point of the
     relaxation whose objective is its simulated energy."""
-    from poetlab.planners.poet.solver import _best_start
+    from poetlab.planners.poet.solver import best_start
 
     graph, costs, options = _instance(model, "m4", fraction, {})
     options = MilpOptions(options.ram_budget_bytes, factor)
     runtime_s = factor * costs.plain_step_runtime_s
-    schedule, sim = _best_start(graph, costs, options, runtime_s, lambda s: simulate(s, graph, costs, ram_budget_bytes=options.ram_budget_bytes, runtime_budget_s=runtime_s))
+    schedule, sim = best_start(graph, costs, options, runtime_s, lambda s: simulate(s, graph, costs, ram_budget_bytes=options.ram_budget_bytes, runtime_budget_s=runtime_s))
     c, A, lower, upper, _, index = build_relaxation(graph, costs, options)
     x = relaxation_point(graph, schedule.matrices().as_dict(), index)
     activity = A @ x

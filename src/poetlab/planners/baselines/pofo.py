@@ -340,20 +340,20 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets, objecti
     slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
     exact = slots.unit == max(1, reduce(math.gcd, (int(b) for b in graph.output_bytes), 0))
     try:
-        return _solve_on_grid(graph, costs, budgets, chain, slots, objective)
+        return solve_on_grid(graph, costs, budgets, chain, slots, objective)
     except CannotMeetBudget as exc:
         if exact:
             raise
         first = exc
     for extra in SLACK_SLOTS:
         try:
-            return _solve_on_grid(graph, costs, budgets, chain, Slots(slots.unit, slots.budget + extra), objective)
+            return solve_on_grid(graph, costs, budgets, chain, Slots(slots.unit, slots.budget + extra), objective)
         except CannotMeetBudget:
             continue
     raise first
 
 
-def _solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chain: BlockChain, slots: Slots, objective: str) -> PofoResult:
+def solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chain: BlockChain, slots: Slots, objective: str) -> PofoResult:
     """:func:`solve_pofo` on one memory grid."""
     runtime_s = budgets.runtime_s(costs)
     if objective == "time":

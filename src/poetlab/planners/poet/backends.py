@@ -151,7 +151,8 @@ def _solve_gurobi(
 
 
 # ---- HiGHS ------------------------------------------------------------------------------------
-_WORKER = Path(__file__).with_name("_highs_worker.py")
+#: the HiGHS worker script, run by path in isolated mode (`python -I`): never a `poetlab/` of the current directory
+WORKER_PATH = Path(__file__).with_name("_highs_worker.py")
 
 
 def _read_messages(stream, inbox: queue.Queue) -> None:
@@ -185,7 +186,7 @@ def _solve_highs(
     its time limit. ``stop_at``: an objective value that proves optimality within ``mip_gap`` (from a
     bound the solver does not know): an incumbent at or below it ends the solve as optimal."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-I", str(_WORKER), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-I", str(WORKER_PATH), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     inbox: queue.Queue = queue.Queue()
     tail: collections.deque = collections.deque(maxlen=5)
     readers = [

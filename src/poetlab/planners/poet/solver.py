@@ -83,7 +83,7 @@ INTERVAL_MAX_S = 30.0
 #: at 60 s with it)
 INTERVAL_MIN_START_GAP = 0.05
 BOUNDS = ("eviction", "trivial")
-#: the quick schedules that start the MILP (:func:`_best_start`), by the names ``exclude_starts`` takes
+#: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
 
 
@@ -289,7 +289,7 @@ def solve(
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
-    start, start_sim = _best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting)
+    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -420,7 +420,7 @@ def solve(
     return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
 
 
-def _best_start(
+def best_start(
     graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
     collect: list | None = None,
 ) -> tuple[Schedule | None, SimulationResult | None]:
