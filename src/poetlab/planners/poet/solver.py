@@ -73,14 +73,9 @@ INTERVAL_SHARE = 0.4
 INTERVAL_MIN_TIME_LIMIT_S = 5.0
 #: and the most seconds it takes whatever the limit (longer limits go to the relaxation and the windows)
 INTERVAL_MAX_S = 30.0
-#: it runs only where the best quick start is this far above the lower bound: its schedules pay where the
-#: starts page or recompute far from a segment rebuild (resnet18_cifar on m4: 1.36 to 1.11 plain steps),
-#: and near the bound its share is better spent by the stage relaxation and the windows (the same
-#: graph's remat-only solve, start 2.9% above the bound: optimal 1.0202 in 22 s without it, 1.0348 at
-#: the 60 s limit with it); and after the stage relaxation, which settles Fig. 4's tight-runtime cases
-#: within its share (run first, the interval relaxation had left it too little time to find any); not
-#: where no start fits (the remat-only solve of that case at 1.02x: optimal in 53 s without it, nothing
-#: at 60 s with it)
+#: it runs after the stage relaxation, and only where a quick start fits this far above the lower bound:
+#: its schedules pay where the starts are far from a segment rebuild, and elsewhere its share of the
+#: time is better spent by the stage relaxation and the windows (docs/solve.md, "Where `solve` runs it")
 INTERVAL_MIN_START_GAP = 0.05
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
