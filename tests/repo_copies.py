@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from repo_paths import REPO
+from repo_paths import PARAMS, REPO
 
 
 def wait_for(condition, timeout_s: float, what: str):
@@ -56,3 +56,12 @@ def repo_copy(tmp_path: Path, edit_smoke=None) -> tuple[Path, dict[str, str]]:
 
 def outputs(copy: Path) -> dict[str, dict[str, bytes]]:
     return {"experiments": snapshot(copy / "experiments"), "data": snapshot(copy / "data")}
+
+
+def bad_params(tmp_path: Path, stage: str, key: str, value) -> str:
+    """A copy of params.yaml whose smoke preset sets ``stage``'s ``key`` to ``value``: its path."""
+    params = yaml.safe_load(PARAMS.read_text())
+    params["presets"]["smoke"][stage][key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return str(path)

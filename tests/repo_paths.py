@@ -6,3 +6,4 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO / "src" / "poetlab" / "core" / "platform_specs"  # the built-in platforms
+PARAMS = REPO / "params.yaml"

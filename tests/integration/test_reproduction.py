@@ -9,26 +9,16 @@ import json
 import pandas as pd
 import papermill
 import pytest
-import yaml
 
-from repo_paths import REPO
+from repo_copies import bad_params
+from repo_paths import PARAMS, REPO
 from poetlab.reproduction import claims as claims_module
 from poetlab.reproduction.config import stage_config
 
-PARAMS = REPO / "params.yaml"
 NOTEBOOKS = ("baselines", "table2_platforms", "fig3_frontier", "fig4_runtime", "fig5_capuchin", "table3_pofo", "feasibility", "tiny_training", "bittrain", "claims", "report", "techniques_frontier", "user_models")
 
 
 # --- parameters ------------------------------------------------------------------------------------------
-
-
-def bad_params(tmp_path, stage: str, key: str, value) -> str:
-    params = yaml.safe_load(PARAMS.read_text())
-    params["presets"]["smoke"][stage][key] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return str(path)
-
 
 def test_bad_params_leave_no_partial_outputs(tmp_path):
     path = bad_params(tmp_path, "fig3_frontier", "fractions", [])

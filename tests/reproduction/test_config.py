@@ -7,22 +7,12 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.reproduction.config import STAGES, SweepConfig, stage_config
 
-from repo_paths import REPO
-
-PARAMS = REPO / "params.yaml"
-
-
-def bad_params(tmp_path, stage: str, key: str, value) -> str:
-    params = yaml.safe_load(PARAMS.read_text())
-    params["presets"]["smoke"][stage][key] = value
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return str(path)
+from repo_copies import bad_params
+from repo_paths import PARAMS, REPO
 
 
 def test_every_preset_has_valid_reproduction_params():

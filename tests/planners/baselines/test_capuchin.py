@@ -8,12 +8,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from poetlab import CostModel, build_paper_graph, checkpoint_all_schedule, load_platform, simulate, solve
+from poetlab import CostModel, checkpoint_all_schedule, simulate, solve
 from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
 from poetlab.planners.baselines import capuchin, dtr
 from poetlab.core.graph import min_footprint_bytes
 
-from small_graphs import mlp, relu_chain as chain, residual
+from small_graphs import relu_chain as chain
+from baseline_checks import between_footprint_and_peak, check_valid, setup
 
 PLANNERS = {
     "capuchin": capuchin.plan,
@@ -30,28 +31,6 @@ def uniform_costs(graph, paging_s: float) -> CostModel:
     T = graph.n_nodes
     paging = np.full(T, paging_s)
     return CostModel("uniform", np.ones(T), np.ones(T), paging, paging, paging, paging)
-
-
-def setup(name: str, platform: str):
-    graph = {"mlp": mlp, "residual": residual}.get(name, lambda: build_paper_graph(name))()
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    reference = simulate(checkpoint_all_schedule(graph), graph, costs)
-    return graph, costs, reference
-
-
-def between_footprint_and_peak(graph, reference, fraction: float) -> int:
-    footprint, _ = min_footprint_bytes(graph)
-    return int(footprint + fraction * (reference.peak_ram_bytes - footprint))
-
-
-def check_valid(schedule, graph, costs, budgets: Budgets):
-    """The schedule replays under both budgets, its stages never go back and stay below n_nodes."""
-    sim = simulate(schedule, graph, costs, ram_budget_bytes=budgets.ram_bytes, runtime_budget_s=budgets.runtime_s(costs))
-    stages = [op.stage for op in schedule.ops]
-    assert stages == sorted(stages) and 0 <= stages[0] and stages[-1] < graph.n_nodes
-    assert schedule.matrices().R.sum() == sim.n_computes
-    assert sim.peak_ram_bytes <= budgets.ram_bytes
-    return sim
 
 
 # ---- valid under the budget --------------------------------------------------------------------

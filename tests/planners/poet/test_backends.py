@@ -7,9 +7,7 @@ import logging
 
 import pytest
 
-from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.errors import PoetlabError
 from poetlab.planners.poet import backends
 from poetlab.planners.poet.backends import GUROBI_SIZE_LIMIT, SolverUnavailableError, choose_solver, gurobi_license, run_milp
@@ -17,23 +15,7 @@ from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.solver import solve
 
 from small_graphs import mlp, residual
-
-
-def _setup(model="linear", platform="m0"):
-    graph = build_paper_graph(model) if isinstance(model, str) else model
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    return graph, costs, peak
-
-
-def _replays(result, graph, costs, **kwargs):
-    """The schedule replays with the reported energy and within the budget."""
-    sim = simulate(result.schedule, graph, costs, ram_budget_bytes=result.ram_budget_bytes, runtime_budget_s=result.runtime_budget_s, **kwargs)
-    assert sim.energy_j == pytest.approx(result.energy_j, rel=1e-12)
-    assert sim.peak_ram_bytes <= result.ram_budget_bytes
-    if result.objective_j is not None:
-        assert result.objective_j == pytest.approx(sim.energy_j, rel=1e-6)
-    return sim
+from solve_checks import replays as _replays, setup as _setup
 
 
 # ---- backends ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from poetlab.planners.poet.milp import MilpOptions, build_milp
 
 from milp_checks import feasible
 from small_graphs import residual
+from solve_checks import setup as _setup
 
 
 def test_checkpoint_all_is_feasible_for_the_milp_exactly_at_its_peak():
@@ -115,13 +116,6 @@ def test_each_nodes_workspace_counts_while_it_runs_in_the_milp_as_in_the_simulat
     assert feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]
     # the paper's graphs (no workspace) get the very same matrix as before
     assert (build_milp(plain, costs, MilpOptions(ram_budget_bytes=budget)).A != build_milp(_with_workspace(plain, 0 * workspace), costs, MilpOptions(ram_budget_bytes=budget)).A).nnz == 0
-
-
-def _setup(model="linear", platform="m0"):
-    graph = build_paper_graph(model) if isinstance(model, str) else model
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    return graph, costs, peak
 
 
 def test_milp_is_sparse_and_sized_by_lower_triangles():
