@@ -248,6 +248,8 @@ class StepRecords:
                     self.records[key] = record
                 elif record.owner != i:
                     own_only = False  # (a view of another node's storage)
+                    if record.owner in self.layout.bases.get(i, ()):
+                        continue  # its base's memory, held and freed by its base alone (the schedule's count)
                     self.shared.add(record.owner)
                 held[key] = record
             st.held = tuple(held.values())
