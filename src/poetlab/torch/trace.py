@@ -80,7 +80,8 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from poetlab.errors import InvalidArgumentError
-from poetlab.torch.workspace import measure_workspaces, rng_reserve_bytes, shared_gradient_bytes
+from poetlab.torch.gradients import with_gradient_bytes, with_shared_gradients
+from poetlab.torch.workspace import loss_storage_bytes, measure_operations, rng_reserve_bytes
 from poetlab.torch.fx_trace import TraceError, input_specs, symbolic_trace  # (TraceError: part of this module's API)
 from poetlab.core.graph import Node, TrainingGraph
 from poetlab.torch.probes import NodeProbe, attribute_tensors, group_params, in_place, node_flops, node_probe, restored_state, tensors_in
@@ -303,13 +304,15 @@ def trace_step(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_mod
         traced = _analyse(gm, module, inputs, loss_fn, targets, fuse, name or type(module).__name__)
         # each operation's transient workspace (poetlab.torch.workspace), which the simulator and the MILP
         # count while that operation computes (TrainingGraph.workspace), and the RNG states an executor
-        # keeps for the whole step and the gradient contributions of shared parameters autograd holds
-        # (TrainingGraph.reserved_bytes), which poetlab.solve keeps free
-        workspaces = measure_workspaces(traced)
-        rng_bytes = rng_reserve_bytes(traced)
-    traced.graph.metadata["rng_state_bytes"] = rng_bytes
-    traced.graph.metadata["shared_gradient_bytes"] = shared_gradient_bytes(traced.graph)
+        # keeps for the whole step (TrainingGraph.reserved_bytes), which poetlab.solve keeps free; each
+        # gradient storage once, and the contributions autograd holds for a shared parameter
+        measured = measure_operations(traced)
+        workspaces = measured.workspace
+        rng_bytes, loss_bytes = rng_reserve_bytes(traced), loss_storage_bytes(traced)
+    traced.graph = with_gradient_bytes(traced.graph, measured.gradient_bytes)
+    traced.graph.metadata.update(rng_state_bytes=rng_bytes, loss_storage_bytes=loss_bytes)
     traced.graph.metadata["workspace_by_node"] = {traced.graph.nodes[i].name: b for i, b in sorted(workspaces.items())}
+    traced.graph = with_shared_gradients(traced.graph)  # (poetlab.torch.gradients)
     return traced
 
 
