@@ -12,8 +12,9 @@ interval at a time, and every change is rebuilt and replayed by the simulator:
 - over the runtime budget: a recomputation becomes a page-in (paged out once where it is already in
   RAM), the one that saves the most runtime per joule it adds first;
 - over RAM at a stage: a tensor that idles across it leaves RAM for the idle interval, paged out and
-  in or recomputed where next read, the most bytes per joule first (a carry that nothing reads later is
-  dropped for free);
+  in or recomputed where next read, or a tensor recomputed in it is paged in instead (its inputs then
+  need no RAM there), the most bytes per joule first (a carry that nothing reads later is dropped for
+  free);
 - within both budgets: a page-in becomes a recomputation, or a recomputation a page-in, wherever that
   is cheaper and both budgets still hold (on the M4 a recomputation costs far less energy than paging,
   up to the runtime budget), the cheapest first, until no single change pays.
@@ -67,14 +68,34 @@ class _State:
             self.is_input[k, ins] = True
         self.S_RAM, self.M_IN, self.M_OUT = S_RAM.copy(), M_IN.copy(), M_OUT.copy()
         self.R = np.zeros((T, T), dtype=bool)
-        for t in range(T):
-            self.R[t] = self.row(t)
+        self.rerun_energy, self.rerun_time = np.zeros(T), np.zeros(T)  # per stage, kept with R
+        self.refresh(range(T))
+        seconds = budgets.count_paging_time
+        self.paging = [float(M_IN.sum(axis=0) @ costs.pagein_energy_j + M_OUT.sum(axis=0) @ costs.pageout_energy_j),
+                       float(M_IN.sum(axis=0) @ costs.pagein_time_s + M_OUT.sum(axis=0) @ costs.pageout_time_s) if seconds else 0.0]
 
     def copy(self) -> _State:
         other = object.__new__(_State)
         other.__dict__.update(self.__dict__)
         other.S_RAM, other.M_IN, other.M_OUT, other.R = self.S_RAM.copy(), self.M_IN.copy(), self.M_OUT.copy(), self.R.copy()
+        other.rerun_energy, other.rerun_time, other.paging = self.rerun_energy.copy(), self.rerun_time.copy(), list(self.paging)
         return other
+
+    def page(self, kind: str, t: int, j: int, value: bool) -> None:
+        """Set M_IN (``kind`` "in") or M_OUT ("out") at stage t for tensor j, keeping the paging cost."""
+        matrix = self.M_IN if kind == "in" else self.M_OUT
+        if matrix[t, j] == value:
+            return
+        matrix[t, j] = value
+        c = self.costs
+        sign = 1.0 if value else -1.0
+        self.paging[0] += sign * float((c.pagein_energy_j if kind == "in" else c.pageout_energy_j)[j])
+        if self.budgets.count_paging_time:
+            self.paging[1] += sign * float((c.pagein_time_s if kind == "in" else c.pageout_time_s)[j])
+
+    def unpage_out(self, j: int) -> None:
+        for t in np.flatnonzero(self.M_OUT[:, j]):
+            self.page("out", int(t), j, False)
 
     def row(self, t: int) -> np.ndarray:
         """Stage t's fewest computations: node t, what arrives for stage t + 1 unpaged, and their inputs."""
@@ -91,24 +112,21 @@ class _State:
 
     def refresh(self, stages) -> None:
         for t in sorted(set(int(s) for s in stages if 0 <= s < self.T)):
-            self.R[t] = self.row(t)
+            r = self.row(t)
+            self.R[t] = r
+            r[t] = False
+            self.rerun_energy[t] = float(self.costs.recompute_energy_j[r].sum())
+            self.rerun_time[t] = float(self.costs.recompute_runtime_s[r].sum())
 
     def reads(self, t: int) -> np.ndarray:
         """The tensors a computation of stage t reads, or a page-out of stage t copies."""
         return self.is_input[self.R[t]].any(axis=0) | self.M_OUT[t]
 
     def energy_j(self) -> float:
-        c = self.costs
-        reruns = (self.R & ~np.eye(self.T, dtype=bool)).sum(axis=0)
-        return float(c.plain_step_energy_j + reruns @ c.recompute_energy_j + self.M_IN.sum(axis=0) @ c.pagein_energy_j + self.M_OUT.sum(axis=0) @ c.pageout_energy_j)
+        return self.costs.plain_step_energy_j + float(self.rerun_energy.sum()) + self.paging[0]
 
     def runtime_s(self) -> float:
-        c = self.costs
-        reruns = (self.R & ~np.eye(self.T, dtype=bool)).sum(axis=0)
-        seconds = c.plain_step_runtime_s + reruns @ c.recompute_runtime_s
-        if self.budgets.count_paging_time:
-            seconds += self.M_IN.sum(axis=0) @ c.pagein_time_s + self.M_OUT.sum(axis=0) @ c.pageout_time_s
-        return float(seconds)
+        return self.costs.plain_step_runtime_s + float(self.rerun_time.sum()) + self.paging[1]
 
     def schedule(self) -> Schedule:
         S_SSD = np.zeros_like(self.M_OUT)
@@ -138,7 +156,7 @@ def _page_in_instead(state: _State, s: int, i: int) -> _State | None:
     touched = [s - 1, s]
     if outs.size == 0 or outs[0] > s - 2:
         if outs.size:
-            new.M_OUT[:, i] = False
+            new.unpage_out(i)
         resident = [o for o in range(i + 1, s - 1) if state.S_RAM[o, i]]
         if resident:
             o = resident[0]
@@ -148,9 +166,9 @@ def _page_in_instead(state: _State, s: int, i: int) -> _State | None:
             touched += [i, i + 1]
         else:
             return None
-        new.M_OUT[o, i] = True
+        new.page("out", o, i, True)
         touched += [o - 1, o]
-    new.M_IN[s - 1, i] = True
+    new.page("in", s - 1, i, True)
     new.S_RAM[s, i] = True
     new.refresh(touched)
     return new
@@ -184,12 +202,12 @@ def _relieve(state: _State, t: int, j: int, lever: str) -> _State | None:
         if outs.size and outs[0] < a:
             new.S_RAM[a : b + 1, j] = False
         elif b >= a + 1 and t >= a + 1:
-            new.M_OUT[:, j] = False
-            new.M_OUT[a, j] = True
+            new.unpage_out(j)
+            new.page("out", a, j, True)
             new.S_RAM[a + 1 : b + 1, j] = False
         else:
             return None
-        new.M_IN[b, j] = True
+        new.page("in", b, j, True)
         new.refresh(range(a - 1, b + 2))
         return new
     if lever == "recompute":
@@ -211,13 +229,13 @@ def _recompute_instead(state: _State, s: int, j: int) -> _State | None:
     if u >= state.T or not state.S_RAM[u, j]:
         return None
     new = state.copy()
-    new.M_IN[s, j] = False
+    new.page("in", s, j, False)
     new.S_RAM[s + 1 : u, j] = False
     if u + 1 < state.T and not state.S_RAM[u + 1, j] and not state.M_OUT[u, j]:
         new.S_RAM[u, j] = False
     touched = list(range(s, u + 1))
     if not new.M_IN[:, j].any():
-        new.M_OUT[:, j] = False
+        new.unpage_out(j)
     new.refresh(touched)
     return new
 
@@ -258,6 +276,10 @@ def _memory_moves(state: _State, over: np.ndarray) -> Iterator[_State]:
                 continue
             added = new.energy_j() - energy
             scored.append((-state.graph.output_bytes[j] / max(added, 1e-12 * energy), new))
+    if state.budgets.paging:  # a recomputation in stage t paged in instead: its chain's inputs need no RAM there
+        for i in np.flatnonzero(state.R[t] & ~state.graph.pinned):
+            if i != t and (new := _page_in_instead(state, t, int(i))) is not None:
+                scored.append((-state.graph.output_bytes[i] / max(new.energy_j() - energy, 1e-12 * energy), new))
     for _, new in sorted(scored, key=lambda pair: pair[0]):
         yield new
 

@@ -318,9 +318,9 @@ def solve(
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
         loose = loose_starts(graph, costs, repair_budgets, exclude=exclude_starts)
-        start, start_sim = repaired(loose + rejected + ([start] if start is not None else []), repair_s)
+        start, start_sim = repaired(loose + rejected + [schedule for schedule, _ in fitting], repair_s)
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
-    repaired_before = len(rejected)
+    repaired_before, repaired_start = len(rejected), start
 
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
@@ -338,8 +338,9 @@ def solve(
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
-    if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven() and len(rejected) > repaired_before:
-        start, start_sim = repaired(rejected[repaired_before:], repair_s / 2)  # the relaxations' schedules over a budget
+    again = rejected[repaired_before:] + ([start] if start is not repaired_start else [])  # the relaxations' schedules
+    if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven() and again:
+        start, start_sim = repaired(again, repair_s / 2)
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
