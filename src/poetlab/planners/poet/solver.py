@@ -81,10 +81,12 @@ INTERVAL_MIN_START_GAP = 0.05
 #: the share of the time limit (and the most seconds) the repair may take (:mod:`poetlab.planners.poet.repair`:
 #: starts over a budget made to fit, and the best start made cheaper, by simulator-checked single-tensor
 #: changes; docs/solve.md, NOTE 6), and the limit below which it is skipped
-REPAIR_SHARE = 0.15
-REPAIR_MIN_S = 2.0
-REPAIR_MAX_S = 8.0
+REPAIR_SHARE = 0.1
+REPAIR_MIN_S = 1.0
+REPAIR_MAX_S = 6.0
 REPAIR_MIN_TIME_LIMIT_S = 2.0
+#: and the limit below which the second repair (after the relaxations: their schedules, the fitting starts) is skipped
+REPAIR_AGAIN_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -308,7 +310,7 @@ def solve(
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
 
     repair_budgets = RepairBudgets(float(ram_budget_bytes), runtime_budget_s, fixed, count_paging_time, charge_pagein, paging, remat)
-    repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what the first repair may take, the second half of it
+    repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what each of the two repairs may take
 
     def repaired(schedules: list[Schedule], share_s: float) -> tuple[Schedule | None, SimulationResult | None]:
         best = (start, start_sim)
@@ -318,9 +320,9 @@ def solve(
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
         loose = loose_starts(graph, costs, repair_budgets, exclude=exclude_starts)
-        start, start_sim = repaired(loose + rejected + [schedule for schedule, _ in fitting], repair_s)
+        start, start_sim = repaired(loose + rejected, repair_s)  # (the fitting starts' turn comes after the relaxations, whose bounds need the time more)
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
-    repaired_before, repaired_start = len(rejected), start
+    repaired_before = len(rejected)
 
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
@@ -338,9 +340,8 @@ def solve(
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
-    again = rejected[repaired_before:] + ([start] if start is not repaired_start else [])  # the relaxations' schedules
-    if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven() and again:
-        start, start_sim = repaired(again, repair_s / 2)
+    if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
+        start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], repair_s)  # the relaxations' schedules, and every fitting start made cheaper
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
