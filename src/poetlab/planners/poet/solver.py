@@ -14,7 +14,8 @@ The steps, each cheap before the expensive one:
    starts, and a start within the gap of the better bound is optimal. Else, where the best start is
    far above the bound, solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
-   budget less a margin) made into schedules join the starts. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
+   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`). Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
    bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
@@ -78,9 +79,9 @@ INTERVAL_MAX_S = 30.0
 #: its schedules pay where the starts are far from a segment rebuild, and elsewhere its share of the
 #: time is better spent by the stage relaxation and the windows (docs/solve.md, "Where `solve` runs it")
 INTERVAL_MIN_START_GAP = 0.05
-#: the share of the time limit (and the most seconds) the repair may take (:mod:`poetlab.planners.poet.repair`:
-#: starts over a budget made to fit, and the best start made cheaper, by simulator-checked single-tensor
-#: changes; docs/solve.md, NOTE 6), and the limit below which it is skipped
+#: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
+#: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
+#: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
 REPAIR_SHARE = 0.1
 REPAIR_MIN_S = 1.0
 REPAIR_MAX_S = 6.0
