@@ -33,8 +33,9 @@ def test_gap_rows_keep_the_optimum_and_never_weaken_the_lp(model, platform, frac
     gaps = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, gap_rows=True)
     plain_lp = interval_bound(graph, costs, options, integral=False)
     gaps_lp = interval_bound(graph, costs, options, integral=False, gap_rows=True)
-    assert costs.plain_step_energy_j <= gaps_lp.bound_j <= gaps.bound_j * (1 + 1e-7)
-    assert gaps_lp.bound_j >= plain_lp.bound_j * (1 - 1e-9)
+    assert gaps_lp.bound_j >= plain_lp.bound_j * (1 - 1e-9) and gaps_lp.bound_j >= costs.plain_step_energy_j
+    if gaps.optimal:  # (an infeasible relaxation proves nothing and returns the trivial bound; so does POET's MILP)
+        assert gaps_lp.bound_j <= gaps.bound_j * (1 + 1e-7)
     if plain.optimal and gaps.optimal:  # the rows cut off no integral point of the relaxation
         assert gaps.bound_j == pytest.approx(plain.bound_j, rel=1e-7)
     if exact.status == "optimal":
