@@ -5,7 +5,7 @@
 For each row, in the same run: the eviction bound (NOTE 2) and its time; the interval relaxation
 solved by HiGHS within the limit at the exact budget: its proven bound (a stopped solve's dual bound), its
 best solution's objective (the most it could prove with more time) and its time; the same with the
-idle-gap rows (NOTE 6), solved right after it with the same limit; both LP relaxations and their times; the relaxation solved
+idle-gap rows (NOTE 7), solved right after it with the same limit; both LP relaxations and their times; the relaxation solved
 with the budget less the largest tensor (what ``solve`` starts from) and its schedule's energy replayed
 by the simulator within both budgets (or why not); and the best schedule the grid's last run recorded
 (``--grid``, experiments/benchmarks/milp.json by default). All in plain steps (one plain step = 1).

@@ -109,3 +109,23 @@ def test_every_baseline_schedule_reissued_within_the_bounds(platform):
             _same_work(plan, planned.schedule, graph, costs, budget)
             paged += planned.simulation.n_pageins > 0
     assert paged >= 3  # the bounds were checked on schedules that move data, not only on remat ones
+
+
+def test_a_page_in_stops_where_the_ram_before_a_free_is_full():
+    """relu_chain(3) (input 0, relus 1-3, loss 4, gradients 5-8; 64 B, 1 s each) in 320 bytes, the input
+    paged out after it is computed and back in right before its gradient (8), 1.2 s each way. Moved back
+    past relu 1's gradient (7: 1 s, not enough), the page-in would pass the frees of the loss and relu 3's
+    gradient (3, 5) and land right after relu 2's gradient (6), when relus 1-3 and the gradients 5 and 6
+    fill the 320 bytes; it stops after the first of those frees instead (four tensors in RAM), 7-8.2 s
+    beside gradient 7: 9.2 s."""
+    graph = relu_chain(3)
+    n = graph.n_nodes
+    ones, page = np.ones(n), np.full(n, 1.2)
+    costs = CostModel("hand", ones, ones, page, page, page, page)
+    rows = [(C, 0), (P, 0), (C, 1), (F, 0), (C, 2), (C, 3), (C, 4), (C, 5), (F, 4), (C, 6), (F, 3), (F, 5), (C, 7), (F, 2), (F, 6),
+            (I, 0), (C, 8), (F, 0), (F, 1), (F, 7), (F, 8)]
+    schedule = Schedule(n, tuple(Op(kind, node, stage) for stage, (kind, node) in enumerate(rows)))
+    plan = issue_for_overlap(schedule, graph, costs, 320)
+    order = [(op.kind, op.node) for op in plan.schedule.ops]
+    assert order[order.index((I, 0)) - 1 : order.index((I, 0)) + 3] == [(F, 3), (I, 0), (F, 5), (C, 7)]
+    assert plan.timing.runtime_s == pytest.approx(9.2) and plan.simulation.peak_ram_bytes == 320

@@ -1,5 +1,5 @@
-"""Each operation's transient workspace, measured when a model is traced; the RNG states and the shared
-gradients a step keeps beside its tensors."""
+"""Each operation's transient workspace, measured when a model is traced; the RNG states and the loss's
+storage a step keeps beside its tensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from poetlab.torch.trace import trace_step
-from poetlab.torch.workspace import measure_workspaces, rng_reserve_bytes, shared_gradient_bytes
+from poetlab.torch.workspace import loss_storage_bytes, measure_workspaces, rng_reserve_bytes
 
 
 class ConvNet(nn.Module):
@@ -57,8 +57,13 @@ def test_one_rng_state_per_drawing_node_and_two_more(dropout, states):
     assert torch.equal(before, torch.get_rng_state())  # the probes draw on a forked generator
 
 
-def test_a_parameter_used_twice_keeps_its_gradient_contributions_free():
+def test_an_mse_loss_holds_its_unreduced_buffer():
+    """MSELoss's value is a 0-d view of the batch-sized buffer it reduced: the loss holds that storage (a plain
+    step's ``loss.backward()`` does, through the whole backward pass); cross-entropy's value is its own."""
     torch.manual_seed(0)
-    twice = trace_step(Twice(), (torch.randn(2, 16),), nn.MSELoss(), torch.randn(2, 16), fuse=False, name="twice")
-    assert shared_gradient_bytes(twice.graph) == 2 * (16 * 16 + 16) * 4
-    assert shared_gradient_bytes(_traced().graph) == 0  # every parameter used once
+    mse = trace_step(Twice(), (torch.randn(2, 16),), nn.MSELoss(), torch.randn(2, 16), fuse=False, name="twice")
+    loss = nn.MSELoss()(torch.randn(2, 16), torch.randn(2, 16))
+    assert loss.untyped_storage().nbytes() == 2 * 16 * 4  # (what the measurement rests on)
+    assert loss_storage_bytes(mse) == mse.graph.metadata["loss_storage_bytes"] == 2 * 16 * 4 - 4
+    assert mse.graph.reserved_bytes >= loss_storage_bytes(mse)
+    assert loss_storage_bytes(_traced()) == 0

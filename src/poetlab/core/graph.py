@@ -185,12 +185,14 @@ class TrainingGraph:
     def reserved_bytes(self) -> int:
         """Bytes held beside the graph's tensors and workspaces that no schedule moves, which
         :func:`poetlab.solve` keeps free for the whole step: the RNG states an executor saves to replay
-        dropout in a rerun (``metadata["rng_state_bytes"]``) and the gradient contributions autograd holds
-        for a parameter that several nodes use until it sums them (``metadata["shared_gradient_bytes"]``;
-        both :mod:`poetlab.torch.workspace`); 0 elsewhere. (No margin beside them: with each operation's
-        workspace counted while it runs, executed plans measure at or under
-        their simulated peak plus these bytes, docs/tracing.md.)"""
-        return sum(int(self.metadata.get(key, 0) or 0) for key in ("rng_state_bytes", "shared_gradient_bytes"))
+        dropout in a rerun (``metadata["rng_state_bytes"]``), what the loss's storage holds beyond its value
+        for the whole backward pass (``metadata["loss_storage_bytes"]``: MSELoss's unreduced buffer), and,
+        in graphs traced before :mod:`poetlab.torch.gradients` counted them where they live, the gradient
+        contributions autograd holds for a parameter that several nodes use
+        (``metadata["shared_gradient_bytes"]``); 0 elsewhere. (No margin beside them: with each operation's
+        workspace counted while it runs, executed plans measure at or under their simulated peak plus
+        these bytes, docs/tracing.md.)"""
+        return sum(int(self.metadata.get(key, 0) or 0) for key in ("rng_state_bytes", "loss_storage_bytes", "shared_gradient_bytes"))
 
     # ---- JSON --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, object]:

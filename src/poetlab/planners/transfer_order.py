@@ -108,7 +108,9 @@ def _moved(items: list[tuple[int, Op]], index: int, graph: TrainingGraph, costs:
     best = None
     for position in steps:
         other = items[position][1]
-        if other.node == node or covered >= own + waiting or trace[position] + nbytes > limit:
+        # a page-in placed before this op is in RAM from the state before it (after the op before it) on
+        in_use = max(trace[position], trace[position - 1]) if backward and position > 0 else trace[position]
+        if other.node == node or covered >= own + waiting or in_use + nbytes > limit:
             break
         compute, transfer = _busy(other, costs)
         covered, waiting = covered + compute, waiting + transfer

@@ -1,13 +1,14 @@
 """The paper's Table 3: POET against POFO (Beaumont et al. 2021), ResNet-18 on the Jetson TX2: peak memory
 and throughput. The paper reports POET at 8.3% less peak memory and 13% more throughput than POFO.
 
-POFO is planned as published (``pofo_time``: least step time, transfers at the platform's bandwidth),
-POET for least energy. Both plan at the same RAM budgets and runtime budget on the same simulator.
+POFO is planned as published (``pofo_time``: least step time, its transfers beside the computations at
+the platform's bandwidth, memory held until a transfer ends), POET for least energy. Both plan at the same RAM budgets and runtime budget on the same simulator.
 Throughput is training steps per second, one over a step's time, read two ways for both methods: the
 simulator's (compute and paging one after the other: POET's model, the ``_steps_per_s`` columns) and
 with transfers on a stream beside the computations, page-ins issued early and page-outs' memory held
 until they end, within the budget (POFO's model, :mod:`poetlab.core.overlap`: the
-``_overlapped_steps_per_s`` columns, with the peak that issue order reaches, ``_overlapped_peak_ram_bytes``)."""
+``_overlapped_steps_per_s`` columns, with the peak that issue order reaches, ``_overlapped_peak_ram_bytes``).
+The throughput claim is decided on POFO's reading, the one it plans for (:mod:`poetlab.reproduction.claims`)."""
 
 from __future__ import annotations
 

@@ -12,15 +12,19 @@ allocator measurement, with a marker allocation of a unique size between runs to
 into one piece per run. A run's workspace is its peak above what it leaves allocated (its output, what it
 saved, the gradients it returns). The trace keeps each node's (``TrainingGraph.workspace``), which the
 simulator and the POET MILP count while that node computes (forward, rerun or backward), and the RNG states
-the executor keeps to replay dropout (:func:`rng_reserve_bytes`, ``TrainingGraph.reserved_bytes``), which
-:func:`poetlab.solve` keeps free for the whole step: the RAM budget is a budget of the allocator's bytes.
+the executor keeps to replay dropout (:func:`rng_reserve_bytes`) and what the loss's storage holds beyond its
+value (:func:`loss_storage_bytes`), both in ``TrainingGraph.reserved_bytes``, which :func:`poetlab.solve` keeps
+free for the whole step: the RAM budget is a budget of the allocator's bytes. The same runs measure the
+gradients each backward node returns, each storage once (:class:`OperationBytes`, :mod:`poetlab.torch.gradients`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from poetlab.torch.allocations import measure_allocations
 from poetlab.torch.kernels import planned_kernels
@@ -29,7 +33,7 @@ from poetlab.torch.probes import node_probe, tensors_in
 if TYPE_CHECKING:
     from poetlab.torch.trace import TracedStep
 
-__all__ = ["measure_workspaces", "rng_reserve_bytes", "shared_gradient_bytes"]
+__all__ = ["OperationBytes", "measure_operations", "measure_workspaces", "loss_storage_bytes", "rng_reserve_bytes"]
 
 _MARKER_BYTES = 7_777_777  # (markers are _MARKER_BYTES + k bytes: k-th cut of the event stream)
 
@@ -69,23 +73,57 @@ def rng_reserve_bytes(traced: TracedStep) -> int:
     return (draws + 2) * torch.get_rng_state().numel()
 
 
-def shared_gradient_bytes(graph) -> int:
-    """Bytes of the gradient contributions a step holds for parameters that several nodes use (weight tying,
-    a module called twice): autograd keeps each contribution until the last arrives and sums them into
-    ``.grad``, from the first of those nodes' backward to the last, in an order the engine picks (not a
-    schedule), so they are kept free for the whole step: ``users x`` each such parameter's size."""
-    param_names: dict[str, list[str]] = graph.metadata.get("param_names", {})
-    sizes: dict[str, int] = graph.metadata.get("param_sizes", {})
-    users: dict[str, int] = {}
-    for names in param_names.values():
-        for q in names:
-            users[q] = users.get(q, 0) + 1
-    return sum(n * int(sizes.get(q, 0)) for q, n in users.items() if n > 1)
+def loss_storage_bytes(traced: TracedStep) -> int:
+    """Bytes the loss's storage holds beyond its value: ``MSELoss``'s value is a view of the buffer it
+    reduced (a batch-sized tensor, not 4 bytes), which lives as long as the loss, through the whole
+    backward pass (a plain step's ``loss.backward()`` and the executor's hold it), where the graph's loss
+    node, freed after the loss's gradient, does not reach."""
+    index = next(i for i, node in enumerate(traced.graph.nodes) if node.kind == "loss")
+    with torch.random.fork_rng(devices=[]):
+        loss = node_probe(traced, index).forward()
+    return sum(t.untyped_storage().nbytes() - t.numel() * t.element_size() for t in tensors_in(loss))
+
+
+@dataclass(frozen=True)
+class OperationBytes:
+    """What each node's run alone showed (:func:`measure_operations`).
+
+    ``workspace``: graph node index -> its operation's transient workspace in bytes (a backward node's is
+    its forward node's backward run; nodes that compute nothing, inputs, left out). ``gradient_bytes``:
+    backward node index -> the bytes of the gradients it returns for its forward node's inputs, each
+    storage once: an add hands the one gradient it receives to both its inputs (a residual connection),
+    which the trace's count by input (one gradient per input that requires grad) holds twice."""
+
+    workspace: dict[int, int]
+    gradient_bytes: dict[int, int]
+
+
+def _gradient_bytes(grads: list[tuple[torch.Tensor | None, torch.Tensor]]) -> int:
+    """Bytes of the gradients in ``grads`` (gradient, input) pairs, each storage once, at the larger of its
+    size and its largest gradient's: a gradient that is an expanded view of a smaller one (a sum's,
+    broadcast back) is made whole by the node that reads it. An input without a gradient (the element of
+    a tuple that a ``getitem`` did not take) counts in full: the engine fills it with zeros for the node
+    that made the tuple (a GRU's backward). Never fewer bytes than one per input, but where they share."""
+    largest: dict[int, int] = {}
+    missing = 0
+    for g, t in grads:
+        if g is None:
+            missing += t.numel() * t.element_size()
+            continue
+        storage = g.untyped_storage()
+        key = storage.data_ptr()
+        largest[key] = max(largest.get(key, 0), storage.nbytes(), g.numel() * g.element_size())
+    return missing + sum(largest.values())
 
 
 def measure_workspaces(traced: TracedStep) -> dict[int, int]:
-    """Graph node index -> its operation's transient workspace in bytes (a backward node's is its forward
-    node's backward run). Nodes that compute nothing (inputs) are left out."""
+    """Graph node index -> its operation's transient workspace in bytes (:class:`OperationBytes`)."""
+    return measure_operations(traced).workspace
+
+
+def measure_operations(traced: TracedStep) -> OperationBytes:
+    """Run each node of the traced step alone, forward then backward, in one allocator measurement: each
+    operation's workspace and each backward node's gradient bytes (:class:`OperationBytes`)."""
     graph = traced.graph
     forward_nodes = [i for i, node in enumerate(graph.nodes) if not node.is_backward and node.kind != "input"]
     markers = 0
@@ -95,6 +133,7 @@ def measure_workspaces(traced: TracedStep) -> dict[int, int]:
         torch.empty(_MARKER_BYTES + markers, dtype=torch.uint8)  # (allocated and freed at once)
         markers += 1
 
+    returned: dict[int, int] = {}
     with torch.random.fork_rng(devices=[]), planned_kernels(), measure_allocations() as allocations:
         for i in forward_nodes:
             probe = node_probe(traced, i)
@@ -108,6 +147,8 @@ def measure_workspaces(traced: TracedStep) -> dict[int, int]:
             mark()
             grads = torch.autograd.grad(outs, targets, seeds, allow_unused=True) if outs and targets else ()
             mark()
+            # (the gradients of its inputs, not of parameters: those live in .grad, outside the graph's count)
+            returned[i] = _gradient_bytes([(g, t) for g, t in zip(grads, targets) if not isinstance(t, nn.Parameter)])
             del out, outs, targets, seeds, grads
     cuts = {_MARKER_BYTES + k: k for k in range(markers)}
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(markers + 1)]
@@ -122,9 +163,11 @@ def measure_workspaces(traced: TracedStep) -> dict[int, int]:
     found: dict[int, int] = {}
     backward_of = {f: b for b, f in graph.metadata["backward_of"].items()}  # type: ignore[union-attr]
     index = {node.name: k for k, node in enumerate(graph.nodes)}
+    gradient_bytes: dict[int, int] = {}
     for k, i in enumerate(forward_nodes):  # (pieces per node: before it, its forward, its output's gradient, its backward)
         found[i] = _transient(pieces[4 * k + 1])
         name = graph.nodes[i].name
         if name in backward_of:
             found[index[backward_of[name]]] = _transient(pieces[4 * k + 3])
-    return found
+            gradient_bytes[index[backward_of[name]]] = returned[i]
+    return OperationBytes(found, gradient_bytes)

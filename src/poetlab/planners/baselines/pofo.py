@@ -2,14 +2,27 @@
 Training DNNs" (NeurIPS 2021): POFO, a dynamic program over a chain that decides, for every activation,
 whether to keep it, recompute it or offload it, with the transfers overlapping the computations.
 
-Two objectives (``solve_pofo(..., objective=...)``): ``time``, POFO as published (method ``pofo_time``:
-the step time, a recomputation costing its runtime and a page its transfer time at the platform's
-latency and bandwidth; a paged-out tensor holds its memory until the page-out ends, since its free
-follows the transfer in the schedule), and ``energy``, the kit's adaptation (method ``pofo``, described
-below). The DP prices a transfer at its full time, as if it did not overlap computation (an upper bound
-on its cost in POFO's model); the simulator's ``runtime_s`` adds it to the step's, for POFO and POET
-alike, and the comparison also times every schedule with transfers beside compute, its transfers issued
-for overlap (:mod:`poetlab.core.overlap`, :mod:`poetlab.planners.transfer_order`; docs/solving.md).
+Objectives (``solve_pofo(..., objective=...)``): ``time``, POFO as published (method ``pofo_time``):
+the step time, a recomputation costing its runtime and a page the part of its transfer time (latency
+plus bytes over the platform's bandwidth) that the computations beside it do not hide; ``time_serial``,
+the same with every transfer charged in full (POET's serial model, kept to show what overlap changes);
+and ``energy``, the kit's adaptation (method ``pofo``, described below).
+
+POFO's transfer model, as its authors' code (the paper's supplement, ported to ColossalAI as
+``colossalai/fx/passes/algorithms/ckpt_solver_pofo.py``; the paper's own text was not at hand) states it:
+offloads run during forward computations and prefetches during backward ones, at one bandwidth; data
+still being offloaded, and data being prefetched, count in memory; where the memory would overflow,
+the processor waits for the channel (the "idle time"); the objective is compute time plus those waits.
+This DP prices a page that way on its own recursion: state ``a``'s page-out runs beside the advance to
+the split point ``k`` and holds ``a``'s memory until it ends (through the whole advance, through its
+first step, or not at all, the processor then waiting for it: the cheapest that fits); its page-in runs
+beside the backward nodes of step ``k + 1`` when ``a`` fits beside that reversal's peak, else it is
+waited for. A taped split pays its transfers in full. These windows never hold two transfers, so the
+channel is never shared in the price. The schedule is then replayed by
+:func:`~poetlab.core.schedule.simulate` (serial ``runtime_s``, peak) and timed with transfers beside
+compute by :mod:`poetlab.core.overlap`, its transfers issued for overlap
+(:mod:`poetlab.planners.transfer_order`), like every method's (docs/solving.md); the replay may hide
+more than the DP's windows (measured at or below the DP's price on Table 3's budgets).
 
 Reproduced: their dynamic program over a chain (the rotor/revolve recursion "advance from the left
 state to a split point, reverse the right part, then the left part", over every split point and a
@@ -26,9 +39,10 @@ added, ``SLACK_SLOTS``, and the first plan that replays within the true budget i
 rounding does not turn a budget POFO can meet into "no schedule"); and a runtime budget is met by a Lagrangian sweep
 (recomputing costs ``energy + lambda * runtime``, over ``LAMBDAS`` then a bisection; the cheapest plan
 that fits wins), which can miss optima that no weight reaches. Every schedule is replayed by
-:func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's choices under its
-overlapped timing (the DP chooses with each transfer at its full time; only its schedule's timing is
-read with overlap).
+:func:`~poetlab.core.schedule.simulate` before it is returned. Not reproduced: POFO's own recursion
+(its states carry the bytes still to offload and to prefetch; this DP keeps the kit's recursion and
+prices each page by its windows), and a runtime budget read with overlap (it is checked on the
+simulator's serial time, as for every method).
 
 Against the POET MILP: POFO's schedules follow the MILP's stage rules (a recomputation in the stage of
 the backward node it serves, a page-out at the start of a stage in which the tensor is resident, a
@@ -74,6 +88,8 @@ from poetlab.planners.baselines.revolve import (
 )
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
+from poetlab.errors import InvalidArgumentError
+from poetlab.core.overlap import overlapped_timing
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 
 #: Cells (pairs of states x modes x memory slots) the DP tables may hold, about 8 bytes each.
@@ -82,6 +98,9 @@ MAX_CELLS = 6_000_000
 LAMBDAS = (0.0, 0.25, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0)
 #: Halvings of the runtime weight between the last grid weight that breaks the runtime budget and the first that meets it.
 BISECTIONS = 12
+#: ``time``: POFO as published (transfers beside the computations); ``time_serial``: each transfer at its
+#: whole time; ``energy``: the kit's adaptation.
+OBJECTIVES = ("time", "time_serial", "energy")
 
 
 class Mode(enum.IntEnum):
@@ -133,14 +152,22 @@ class _Pieces:
     recompute_state: np.ndarray  # cost of recomputing state j
     pagein: np.ndarray  # energy of paging state j in
     pageout: np.ndarray  # energy of paging state j out
+    overlap: bool = False  # price a page by the transfer time the computations beside it do not hide
+    forward_s: np.ndarray | None = None  # seconds of computing step j's forward nodes (overlap only)
+    backward_s: np.ndarray | None = None  # seconds of step j's backward nodes
+    pagein_s: np.ndarray | None = None  # seconds of paging state j in
+    pageout_s: np.ndarray | None = None  # seconds of paging state j out
 
 
 def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Slots, weight: float, objective: str = "energy") -> _Pieces:
-    """``objective``: ``energy`` (joules) or ``time`` (seconds: a recomputation costs its runtime, a page
-    its transfer time, latency plus bytes over the platform's bandwidth, as published)."""
+    """``objective``: ``energy`` (joules), ``time`` (seconds, as published: a recomputation costs its
+    runtime, a page the part of its transfer time, latency plus bytes over the platform's bandwidth, that
+    the computations beside it do not hide) or ``time_serial`` (a page costs its whole transfer time)."""
+    if objective not in OBJECTIVES:
+        raise InvalidArgumentError(f"pofo: objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     nbytes = graph.output_bytes
     inputs = [set(node.inputs) for node in graph.nodes]
-    if objective == "time":
+    if objective in ("time", "time_serial"):
         node_cost, pagein, pageout = costs.runtime_s + weight * costs.runtime_s, costs.pagein_time_s, costs.pageout_time_s
     else:
         node_cost, pagein, pageout = costs.compute_energy_j + weight * costs.runtime_s, costs.pagein_energy_j, costs.pageout_energy_j
@@ -170,7 +197,18 @@ def _pieces(graph: TrainingGraph, costs: CostModel, chain: BlockChain, slots: Sl
         for name, value in values.items():
             per_step[name].append(value)
     points = list(chain.points)
+    seconds = {}
+    if objective == "time":
+        steps = [chain.step(j) for j in range(1, L + 1)]
+        seconds = dict(
+            overlap=True,
+            forward_s=np.array([0.0] + [float(costs.runtime_s[list(step.nodes)].sum()) for step in steps]),
+            backward_s=np.array([0.0] + [float(costs.runtime_s[list(step.backward)].sum()) for step in steps]),
+            pagein_s=np.asarray(costs.pagein_time_s[points], dtype=float),
+            pageout_s=np.asarray(costs.pageout_time_s[points], dtype=float),
+        )
     return _Pieces(
+        **seconds,
         state=np.array([slots.of(nbytes[p]) for p in points], dtype=np.int64),
         source=np.array([not graph.nodes[p].inputs for p in points]),
         recompute_state=np.asarray(node_cost[points], dtype=float),
@@ -253,8 +291,12 @@ class _Dp:
             kept = hold is Hold.KEEP
             left_mode = _left_mode(hold, mode)
             left = np.vstack([self.rev[a, k][left_mode] for k in ks])
-            values = (self._shift(right, int(p.state[a])) if kept else right) + left + (advance + cost)[:, None]
-            values[(self.memory[None, :] < need[kept][:, None]) | ~allowed[:, None]] = math.inf
+            if hold is Hold.PAGE and p.overlap:
+                values = self._overlapped_page(a, ks, mode, right + left + advance[:, None], need, resident, later)
+            else:
+                values = (self._shift(right, int(p.state[a])) if kept else right) + left + (advance + cost)[:, None]
+                values[self.memory[None, :] < need[kept][:, None]] = math.inf
+            values[~allowed] = math.inf
             families.append(([Choice(k, hold, False) for k in ks], values))
             if p.interior[a + 1] > 0 and allowed[0]:  # k = a + 1 keeping the step's tape
                 tape_need = resident + int(p.tape_keep[a + 1] if kept else p.tape_drop[a + 1])
@@ -264,6 +306,42 @@ class _Dp:
                 taped[:, self.memory < tape_need] = math.inf
                 families.append(([Choice(int(k_arr[0]), hold, True)], taped))
         return families
+
+    def _overlapped_page(self, a: int, ks: list[int], mode: Mode, rows: np.ndarray, need: dict[bool, np.ndarray], resident: int,
+                         later: np.ndarray) -> np.ndarray:
+        """``rows`` (right part, left part and advance, per split point ``k``) plus what state ``a``'s page
+        costs when its transfers run beside the computations (POFO's model; see the module's docstring):
+
+        - the page-out runs beside the advance from state ``a`` to ``k``, and state ``a`` holds its memory
+          until the page-out ends: held through the whole advance (its time hides the page-out), through
+          the advance's first step only (that step's time hides it), or not at all (freed after its last
+          read; the processor then waits for the whole page-out before the free);
+        - the page-in runs beside the backward nodes of step ``k + 1``, the right part's last reversal,
+          which the memory allows when state ``a`` fits beside that reversal's peak; else it is waited for.
+
+        The cheapest of the page-out's three ways counts at each memory. On this DP's chains no other
+        transfer runs in those windows (page-outs beside advances, at most one page-in beside each
+        reversal of a step), so the one transfer stream is never shared in the DP's pricing."""
+        p, L = self.p, self.chain.n_steps
+        k_arr = np.array(ks)
+        out_s = float(p.pageout_s[a]) if mode is Mode.RESIDENT else 0.0
+        in_s = float(p.pagein_s[a])
+        advance_s = np.cumsum(p.forward_s[a + 1 : ks[-1] + 1])
+        ways = (
+            (np.zeros(len(ks)), need[False]),
+            (np.full(len(ks), p.forward_s[a + 1]), resident + np.maximum(p.keep[a + 1], later)),
+            (advance_s, need[True]),
+        )
+        best = np.full(rows.shape, math.inf)
+        for hidden_s, needed in ways:
+            candidate = rows + np.maximum(0.0, out_s - hidden_s)[:, None]
+            candidate[self.memory[None, :] < needed[:, None]] = math.inf
+            best = np.minimum(best, candidate)
+        has_leaf = k_arr < L
+        leaf = np.where(has_leaf, p.state[a] + np.maximum(p.base[np.minimum(k_arr + 1, L)], p.base_taped[np.minimum(k_arr + 1, L)]), self.S + 1)
+        hidden_in = np.where(has_leaf, p.backward_s[np.minimum(k_arr + 1, L)], 0.0)
+        page_in = np.where(self.memory[None, :] >= leaf[:, None], np.maximum(0.0, in_s - hidden_in)[:, None], in_s)
+        return best + page_in
 
     # ---- reconstruction ----------------------------------------------------------------------------
     def plan(self) -> Reversal | None:
@@ -334,7 +412,7 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets, objecti
     breaks it and the first that meets it) and keep the cheapest plan that meets it. On a coarse memory
     grid (slots larger than the gcd of the sizes) that finds nothing, retry with ``SLACK_SLOTS`` more
     slots, keeping the first plan that replays within the true budget. Raise :class:`CannotMeetBudget`
-    when nothing fits. ``objective``: ``energy`` (the kit's adaptation) or ``time`` (POFO as published)."""
+    when nothing fits. ``objective``: one of ``OBJECTIVES`` (see the module's docstring)."""
     chain = planning_chain("pofo", graph, budgets)
     # no schedule holds more than every tensor at once: a larger budget only coarsens the slots
     slots = memory_slots(graph, chain, min(float(budgets.ram_bytes), float(graph.output_bytes.sum())))
@@ -356,7 +434,7 @@ def solve_pofo(graph: TrainingGraph, costs: CostModel, budgets: Budgets, objecti
 def solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chain: BlockChain, slots: Slots, objective: str) -> PofoResult:
     """:func:`solve_pofo` on one memory grid."""
     runtime_s = budgets.runtime_s(costs)
-    if objective == "time":
+    if objective in ("time", "time_serial"):
         scale = 1.0  # the weight multiplies compute time, already in the objective's unit
     else:
         scale = costs.plain_step_energy_j / costs.plain_step_runtime_s if costs.plain_step_runtime_s > 0 else 0.0
@@ -389,7 +467,9 @@ def solve_on_grid(graph: TrainingGraph, costs: CostModel, budgets: Budgets, chai
     if lam == 0.0:
         return result
     def cost(found: PofoResult) -> float:
-        return found.simulation.runtime_s if objective == "time" else found.simulation.energy_j
+        if objective == "time":
+            return overlapped_timing(found.schedule, graph, costs, found.simulation).runtime_s
+        return found.simulation.runtime_s if objective == "time_serial" else found.simulation.energy_j
 
     best, fits = result, lam
     for _ in range(BISECTIONS):
@@ -411,6 +491,6 @@ def plan(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: Plan
 
 
 def plan_time(graph: TrainingGraph, costs: CostModel, budgets: Budgets, options: PlanOptions = PlanOptions()) -> Schedule:
-    """POFO as published: the schedule of least step time (compute plus transfers at the platform's
-    bandwidth and latency), within ``budgets``."""
+    """POFO as published: the schedule of least step time (compute plus the transfer time, at the
+    platform's bandwidth and latency, that the computations beside it do not hide), within ``budgets``."""
     return solve_pofo(graph, costs, budgets, objective="time").schedule

@@ -1,4 +1,4 @@
-"""Rows that give the interval relaxation the eviction bound's choices: one per tensor and idle gap (NOTE 6
+"""Rows that give the interval relaxation the eviction bound's choices: one per tensor and idle gap (NOTE 7
 in docs/solve.md).
 
 The interval relaxation (:mod:`poetlab.planners.poet.intervals`, NOTE 5) prices a regeneration per

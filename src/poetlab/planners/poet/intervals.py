@@ -191,7 +191,7 @@ def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     plus the cheapest regenerations that keep every stage over budget within it, where a tensor needed
     in two intervals between such stages is held across the stage between them or regenerated in each,
     and a recomputation needs its inputs. The trivial bound where nothing is over budget or with compression.
-    ``gap_rows``: with the idle-gap rows (:mod:`poetlab.planners.poet.idle_gaps`, NOTE 6: the same optimum, a
+    ``gap_rows``: with the idle-gap rows (:mod:`poetlab.planners.poet.idle_gaps`, NOTE 7: the same optimum, a
     stronger LP); ``integral=False``: its LP relaxation only (a weaker bound, no schedule)."""
     import time
 

@@ -14,7 +14,8 @@ The steps, each cheap before the expensive one:
    starts, and a start within the gap of the better bound is optimal. Else, where the best start is
    far above the bound, solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
-   budget less a margin) made into schedules join the starts. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
+   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`). Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
    bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
@@ -43,6 +44,7 @@ from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
 from poetlab.planners.poet.intervals import interval_start
 from poetlab.planners.poet.relaxation import stage_relaxation
+from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
 
@@ -77,6 +79,15 @@ INTERVAL_MAX_S = 30.0
 #: its schedules pay where the starts are far from a segment rebuild, and elsewhere its share of the
 #: time is better spent by the stage relaxation and the windows (docs/solve.md, "Where `solve` runs it")
 INTERVAL_MIN_START_GAP = 0.05
+#: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
+#: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
+#: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
+REPAIR_SHARE = 0.1
+REPAIR_MIN_S = 1.0
+REPAIR_MAX_S = 6.0
+REPAIR_MIN_TIME_LIMIT_S = 2.0
+#: and the limit below which the second repair (after the relaxations: their schedules, the fitting starts) is skipped
+REPAIR_AGAIN_MIN_TIME_LIMIT_S = 5.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -284,7 +295,8 @@ def solve(
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
-    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting)
+    rejected: list[Schedule] = []  # and every one that does not, for the repair
+    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting, rejected=rejected)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -298,11 +310,26 @@ def solve(
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
 
+    repair_budgets = RepairBudgets(float(ram_budget_bytes), runtime_budget_s, fixed, count_paging_time, charge_pagein, paging, remat)
+    repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what each of the two repairs may take
+
+    def repaired(schedules: list[Schedule], share_s: float) -> tuple[Schedule | None, SimulationResult | None]:
+        best = (start, start_sim)
+        for schedule in repair_all(graph, costs, schedules, repair_budgets, time_limit_s=min(share_s, started + time_limit_s - time.perf_counter())):
+            best = _better(best, "repaired", schedule, replay, collect=fitting)
+        return best
+
+    if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
+        loose = loose_starts(graph, costs, repair_budgets, exclude=exclude_starts)
+        start, start_sim = repaired(loose + rejected, repair_s)  # (the fitting starts' turn comes after the relaxations, whose bounds need the time more)
+        log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
+    repaired_before = len(rejected)
+
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
         lower_bound = max(lower_bound, relaxed.bound_j)
-        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting)
+        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
@@ -311,8 +338,11 @@ def solve(
         interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
-            start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting)
+            start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+
+    if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
+        start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], repair_s)  # the relaxations' schedules, and every fitting start made cheaper
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
@@ -417,7 +447,7 @@ def solve(
 
 def best_start(
     graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
-    collect: list | None = None,
+    collect: list | None = None, rejected: list | None = None,
 ) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
     or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
@@ -426,7 +456,7 @@ def best_start(
     before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
     once one start exists. The methods stay independent baselines in the comparison too. Those named in
     ``exclude`` (:data:`QUICK_STARTS`) are skipped; every start that replays is appended to ``collect`` (with
-    its simulation) where one is given."""
+    its simulation) where one is given, and every one that does not to ``rejected``."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.planners.baselines import capuchin, dtr
     from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
@@ -456,7 +486,7 @@ def best_start(
         except CannotMeetBudget:
             continue
         for schedule in made:
-            best = _better(best, name, schedule, replay, collect)
+            best = _better(best, name, schedule, replay, collect, rejected)
     return best
 
 
@@ -484,15 +514,17 @@ def _milp_seeds(graph, model, fitting, replay, prefetch: bool) -> list[tuple[Sch
     return native + moved
 
 
-def _better(best, name: str, schedule: Schedule | None, replay, collect: list | None = None) -> tuple[Schedule | None, SimulationResult | None]:
+def _better(best, name: str, schedule: Schedule | None, replay, collect: list | None = None, rejected: list | None = None) -> tuple[Schedule | None, SimulationResult | None]:
     """``best`` or ``schedule``, whichever replays within the budgets at the lower energy (``schedule``
-    appended to ``collect``, with its simulation, if it replays)."""
+    appended to ``collect``, with its simulation, if it replays, else to ``rejected``)."""
     if schedule is None:
         return best
     try:
         sim = replay(schedule)
     except InvalidScheduleError as exc:
         log.info("%s start does not replay (%s)", name, exc)
+        if rejected is not None:
+            rejected.append(schedule)
         return best
     log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
     if collect is not None:

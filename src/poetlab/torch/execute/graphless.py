@@ -63,6 +63,12 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: Binding) ->
                 managed.add(i)
         elif op.kind is not OpKind.COMPUTE or len(computes[i]) > 1:
             managed.add(i)
+    # a view's memory is its bases' (``metadata["view_of"]``: it owns none of it): the schedule frees, pages or
+    # recomputes a managed view's bytes through its bases, so they are managed too, their storages recorded
+    # as theirs and emptied with them, never with the view
+    names = {node.name: i for i, node in enumerate(nodes)}
+    view_of = graph.metadata.get("view_of") or {}
+    managed |= {names[b] for i in list(managed) for b in view_of.get(nodes[i].name, ()) if forward[names[b]]}
     kept = {k for i in managed if len(computes.get(i, ())) > 1 for k in nodes[i].inputs if forward[k] and k not in managed}
     packed = managed | {j for j, node in enumerate(nodes) if forward[j] and any(k in managed for k in node.inputs)}
     hooked: set[int] = set()

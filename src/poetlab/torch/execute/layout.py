@@ -36,7 +36,8 @@ class StepLayout:
       ``rerun_in_backward``: the forward nodes rerun after the first gradient's compute;
     - ``handover_candidates``: the nodes whose last free a learnt step may leave to autograd
       (:func:`handovers_of`); ``output_bytes``: each node's planned bytes; ``has_pageouts``: whether a step
-      needs a paging directory."""
+      needs a paging directory; ``bases``: per node, the nodes whose storages its values view
+      (``metadata["view_of"]``: it holds none of them, they go with their owners)."""
 
     graph: TrainingGraph
     schedule: Schedule
@@ -60,6 +61,7 @@ class StepLayout:
     output_bytes: tuple[int, ...]
     has_pageouts: bool
     graphless: frozenset[int] = frozenset()
+    bases: dict[int, frozenset[int]] = field(default_factory=dict)
     handover_candidates: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
@@ -164,6 +166,7 @@ def step_layout(module: nn.Module, graph: TrainingGraph, schedule: Schedule) -> 
         ),
         output_bytes=tuple(node.output_bytes for node in graph.nodes),
         has_pageouts=any(op.kind is OpKind.PAGE_OUT for op in schedule.ops),
+        bases=_bases(graph),
     )
     # the managed nodes whose first run builds no autograd graph: from then on they are no storages of the
     # step's (not managed, nothing packed for them); their reruns and backward pre-hooks stay (hooked, kept)
@@ -173,6 +176,13 @@ def step_layout(module: nn.Module, graph: TrainingGraph, schedule: Schedule) -> 
         packed = managed | {j for j, node in enumerate(graph.nodes) if j in packed and any(k in managed for k in node.inputs)}
         layout = replace(layout, graphless=graphless, managed=managed, packed=packed)
     return replace(layout, handover_candidates=handovers_of(layout))
+
+
+def _bases(graph: TrainingGraph) -> dict[int, frozenset[int]]:
+    """Per view node, the nodes whose storages it views (``metadata["view_of"]``, :func:`poetlab.torch.trace`)."""
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    view_of = graph.metadata.get("view_of") or {}
+    return {index[v]: frozenset(index[b] for b in bases) for v, bases in view_of.items() if v in index}
 
 
 def first_plan(layout: StepLayout, fast: bool = True) -> StepPlan:

@@ -248,6 +248,8 @@ class StepRecords:
                     self.records[key] = record
                 elif record.owner != i:
                     own_only = False  # (a view of another node's storage)
+                    if record.owner in self.layout.bases.get(i, ()):
+                        continue  # its base's memory, held and freed by its base alone (the schedule's count)
                     self.shared.add(record.owner)
                 held[key] = record
             st.held = tuple(held.values())
@@ -315,8 +317,14 @@ class StepRecords:
             self._hook_pending()
 
     def _hook_pending(self) -> None:
-        """Register the pre-hooks collected in :attr:`pending_hooks` (each autograd node once)."""
-        pending, self.pending_hooks = self.pending_hooks, []
+        """Register the pre-hooks collected in :attr:`pending_hooks` (each autograd node once).
+
+        The list is emptied in place, never replaced: a segment's code fetches it once and appends to it
+        after calls that may register hooks at once (:meth:`hook_backward` of a node whose values are not
+        all tensors: nanoGPT's ``split``); the hooks it appended to a replaced list were never registered,
+        so the learnt step's backward pass ran no schedule operation (a page-in never made)."""
+        pending = list(self.pending_hooks)
+        self.pending_hooks.clear()
         hooks: dict[int, Callable[..., None]] = {}
         for j, fns in pending:
             hook = hooks.get(j)

@@ -1,0 +1,106 @@
+"""The repair against exact optima: schedules over a budget brought within it, and fitting ones made
+cheaper, every result replayed by the simulator within both budgets and never below POET's optimum."""
+
+from __future__ import annotations
+
+import pytest
+
+from poetlab import CostModel, build_paper_graph, load_platform
+from poetlab.core.graph import min_footprint_bytes
+from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
+from poetlab.planners.poet.backends import run_milp
+from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.repair import Budgets, loose_starts, repair, repair_all
+from poetlab.planners.poet.solver import best_start, solve
+
+from small_graphs import convnet, relu_chain
+
+
+def _instance(model, platform, fraction, factor):
+    graph = {"convnet": convnet, "relu_chain": lambda: relu_chain(10)}.get(model, lambda: build_paper_graph(model))()
+    costs = CostModel.from_flops(graph, load_platform(platform))
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    footprint, _ = min_footprint_bytes(graph)
+    budget = float(int(footprint + fraction * (peak - footprint)))
+    runtime_s = factor * costs.plain_step_runtime_s
+
+    def replay(schedule):
+        return simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s, fixed_bytes=graph.reserved_bytes)
+
+    return graph, costs, MilpOptions(budget, factor), replay, Budgets(budget, runtime_s, graph.reserved_bytes)
+
+
+def _optimum(graph, costs, options) -> float:
+    exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1, time_limit_s=60)
+    assert exact.status == "optimal"
+    return exact.objective
+
+
+@pytest.mark.parametrize("model,platform,fraction,factor", [("convnet", "m4", 0.2, 1.05), ("convnet", "m4", 0.2, 1.2), ("relu_chain", "m4", 0.1, 1.05), ("relu_chain", "m4", 0.2, 1.05)])
+def test_starts_over_the_runtime_budget_are_repaired_below_every_quick_start(model, platform, fraction, factor):
+    """DTR and greedy remat planned for RAM alone recompute more than the runtime budget allows; with
+    recomputations paged instead (and then the cheaper lever per tensor), the best of them fits both
+    budgets and is strictly cheaper than every quick start that fits, and never below the optimum."""
+    graph, costs, options, replay, budgets = _instance(model, platform, fraction, factor)
+    _, start_sim = best_start(graph, costs, options, budgets.runtime_s, replay)
+    loose = loose_starts(graph, costs, budgets)
+    assert loose
+    over = 0
+    for schedule in loose:
+        try:
+            replay(schedule)
+        except InvalidScheduleError:
+            over += 1
+    assert over >= 1  # at least one is over a budget as planned
+    repaired = [replay(schedule).energy_j for schedule in (repair(graph, costs, s, budgets, time_limit_s=10) for s in loose) if schedule is not None]
+    assert repaired
+    optimum = _optimum(graph, costs, options)
+    assert all(energy >= optimum * (1 - 1e-7) for energy in repaired)
+    assert min(repaired) < start_sim.energy_j * (1 - 1e-3)
+
+
+def test_a_schedule_over_ram_is_brought_within_it():
+    """Checkpoint-all over the RAM budget: idle tensors leave RAM, the cheapest bytes first, until it
+    fits; it then costs no more than the best quick start here (both within 0.01% of the optimum)."""
+    graph, costs, options, replay, budgets = _instance("linear", "m4", 0.2, 1.05)
+    with pytest.raises(InvalidScheduleError):
+        replay(checkpoint_all_schedule(graph))
+    schedule = repair(graph, costs, checkpoint_all_schedule(graph), budgets, time_limit_s=10)
+    assert schedule is not None
+    energy = replay(schedule).energy_j
+    optimum = _optimum(graph, costs, options)
+    assert optimum * (1 - 1e-7) <= energy <= optimum * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("model,platform,fraction,factor", [("linear", "m4", 0.1, 1.05), ("convnet", "m4", 0.2, 1.2), ("relu_chain", "m4", 0.2, 1.2)])
+def test_a_fitting_schedule_never_comes_back_dearer(model, platform, fraction, factor):
+    graph, costs, options, replay, budgets = _instance(model, platform, fraction, factor)
+    start, start_sim = best_start(graph, costs, options, budgets.runtime_s, replay)
+    schedule = repair(graph, costs, start, budgets, time_limit_s=10)
+    assert schedule is not None
+    assert replay(schedule).energy_j <= start_sim.energy_j * (1 + 1e-12)
+
+
+def test_dtr_for_ram_alone_repaired_is_far_below_every_quick_start_on_a_paper_instance():
+    """resnet50 on the M4 at 10% and 1.05x: every quick start that fits pages nearly everything (at
+    least 1.2 plain steps); DTR planned for RAM alone, with its dearest recomputations paged, fits at
+    under 1.05 plain steps, replayed within both budgets."""
+    graph, costs, options, replay, budgets = _instance("resnet50", "m4", 0.1, 1.05)
+    _, start_sim = best_start(graph, costs, options, budgets.runtime_s, replay)
+    assert start_sim.energy_j > 1.2 * costs.plain_step_energy_j
+    (loose,) = loose_starts(graph, costs, budgets, exclude=("greedy_remat",))
+    with pytest.raises(InvalidScheduleError, match="runtime"):
+        replay(loose)
+    (repaired,) = repair_all(graph, costs, [loose], budgets, time_limit_s=20)
+    assert replay(repaired).energy_j < 1.05 * costs.plain_step_energy_j
+
+
+@pytest.mark.slow
+def test_solve_starts_from_the_repaired_schedule_on_a_paper_instance():
+    """The same instance through ``solve`` (20 s): at most what the repair gives, replayed within both
+    budgets, and never below its proven bound."""
+    graph, costs, options, replay, budgets = _instance("resnet50", "m4", 0.1, 1.05)
+    result = solve(graph, costs, options.ram_budget_bytes, 1.05, time_limit_s=20, threads=1, mip_gap=1e-3, staged=False)
+    assert result.energy_j == pytest.approx(replay(result.schedule).energy_j)
+    assert result.energy_j < 1.05 * costs.plain_step_energy_j
+    assert result.bound_j <= result.energy_j
