@@ -4,7 +4,8 @@
 
 For each row, in the same run: the eviction bound (NOTE 2) and its time; the interval relaxation
 solved by HiGHS within the limit at the exact budget: its proven bound (a stopped solve's dual bound), its
-best solution's objective (the most it could prove with more time) and its time; the relaxation solved
+best solution's objective (the most it could prove with more time) and its time; the same with the
+idle-gap rows (NOTE 7), solved right after it with the same limit; both LP relaxations and their times; the relaxation solved
 with the budget less the largest tensor (what ``solve`` starts from) and its schedule's energy replayed
 by the simulator within both budgets (or why not); and the best schedule the grid's last run recorded
 (``--grid``, experiments/benchmarks/milp.json by default). All in plain steps (one plain step = 1).
@@ -41,13 +42,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--out", default="experiments/benchmarks/interval_bound.json")
+    parser.add_argument("--bounds-only", action="store_true", help="skip the solve with the budget less the largest tensor (the schedule)")
+    parser.add_argument("--only", default=None, help="rows as model/fraction/factor, comma-separated (default: all eight)")
+    parser.add_argument("--platform", default="m4")
     parser.add_argument("--grid", default="experiments/benchmarks/milp.json", help="the grid results whose best schedules to show beside")
     args = parser.parse_args()
     grid = {(r["model"], r["platform"], r["budget_fraction"], r["runtime_budget_factor"]): r for r in json.loads(Path(args.grid).read_text())["instances"] if r["bound"] == "eviction"}
     rows = []
-    for model, fraction, factor in ROWS:
+    chosen = ROWS if args.only is None else [(m, float(f), float(x)) for m, f, x in (item.split("/") for item in args.only.split(","))]
+    for model, fraction, factor in chosen:
         graph = build_paper_graph(model)
-        costs = CostModel.from_flops(graph, load_platform("m4"))
+        costs = CostModel.from_flops(graph, load_platform(args.platform))
         ram = budget_of(graph, costs, fraction)
         options = MilpOptions(ram, factor)
         unit = costs.plain_step_energy_j
@@ -56,21 +61,28 @@ def main() -> None:
         evicted = eviction_bound(graph, costs, options)
         eviction_s = time.perf_counter() - started
         exact = interval_bound(graph, costs, options, time_limit_s=args.time_limit)
+        gaps = interval_bound(graph, costs, options, time_limit_s=args.time_limit, gap_rows=True)
+        lp = interval_bound(graph, costs, options, time_limit_s=args.time_limit, integral=False)
+        gaps_lp = interval_bound(graph, costs, options, time_limit_s=args.time_limit, gap_rows=True, integral=False)
+        energy, why, margin_s = None, "not run (--bounds-only)", 0.0
         margin = float(graph.output_bytes.max())
-        started_margin = time.perf_counter()
-        start = interval_bound(graph, costs, replace(options, ram_budget_bytes=ram - margin), time_limit_s=args.time_limit, mip_gap=1e-4)
-        margin_s = time.perf_counter() - started_margin
-        try:
-            energy = simulate(start.schedule, graph, costs, ram_budget_bytes=ram, runtime_budget_s=factor * costs.plain_step_runtime_s).energy_j / unit if start.schedule else None
-            why = None if start.schedule else "no solution"
-        except InvalidScheduleError as exc:
-            energy, why = None, str(exc)
-        best = grid.get((model, "m4", fraction, factor), {})
+        if not args.bounds_only:
+            started_margin = time.perf_counter()
+            start = interval_bound(graph, costs, replace(options, ram_budget_bytes=ram - margin), time_limit_s=args.time_limit, mip_gap=1e-4)
+            margin_s = time.perf_counter() - started_margin
+            try:
+                energy = simulate(start.schedule, graph, costs, ram_budget_bytes=ram, runtime_budget_s=factor * costs.plain_step_runtime_s).energy_j / unit if start.schedule else None
+                why = None if start.schedule else "no solution"
+            except InvalidScheduleError as exc:
+                energy, why = None, str(exc)
+        best = grid.get((model, args.platform, fraction, factor), {})
         row = {
-            "model": model, "platform": "m4", "budget_fraction": fraction, "runtime_budget_factor": factor, "ram_budget_bytes": ram,
+            "model": model, "platform": args.platform, "budget_fraction": fraction, "runtime_budget_factor": factor, "ram_budget_bytes": ram,
             "eviction_bound": evicted / unit, "eviction_s": eviction_s,
             "interval_bound": exact.bound_j / unit, "interval_optimal": exact.optimal, "interval_incumbent": exact.incumbent, "interval_s": exact.seconds,
             "interval_columns": exact.n_columns, "interval_rows": exact.n_rows,
+            "gap_rows_bound": gaps.bound_j / unit, "gap_rows_optimal": gaps.optimal, "gap_rows_incumbent": gaps.incumbent, "gap_rows_s": gaps.seconds, "gap_rows_columns": gaps.n_columns,
+            "interval_lp": lp.bound_j / unit, "interval_lp_s": lp.seconds, "gap_rows_lp": gaps_lp.bound_j / unit, "gap_rows_lp_s": gaps_lp.seconds,
             "margin_bytes": margin, "margin_schedule": energy, "margin_schedule_why_not": why, "margin_s": margin_s,
             "grid_best_schedule": best.get("energy_ratio"), "grid_time_limit_s": best.get("time_limit_s"),
             "time_limit_s": args.time_limit, "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0],

@@ -6,43 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
+from poetlab import build_paper_graph
+from poetlab.core.schedule import InvalidScheduleError, simulate
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.bounds import eviction_bound
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 
-from small_graphs import convnet, relu_chain, residual
+from bound_cases import GRAPHS, LEVERS, OTHERS, QUICK, setup
+from small_graphs import relu_chain, residual
 
-
-def _setup(graph, platform):
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    return costs, peak, footprint
-
-
-GRAPHS = {"linear": lambda: build_paper_graph("linear"), "residual": residual, "convnet": convnet, "relu_chain": lambda: relu_chain(10)}
-
-
-LEVERS = {"poet": {}, "remat-only": {"paging": False}, "paging-only": {"remat": False}, "fixes": {"count_paging_time": True, "charge_pagein": True}, "params": {"params_in_budget": True}}
-QUICK = [("relu_chain", "m4", 0.05, "poet"), ("linear", "m4", 0.05, "poet"), ("residual", "m0", 0.2, "poet"), ("convnet", "m4", 0.2, "fixes"), ("linear", "m4", 0.2, "remat-only")]
-SLOW = [
-    pytest.param(model, platform, fraction, levers, marks=pytest.mark.slow)
-    for model, platform in (("linear", "m4"), ("residual", "m0"), ("convnet", "m4"), ("relu_chain", "m4"))
-    for fraction in (0.05, 0.2, 0.5)
-    for levers in LEVERS
-    if (model, platform, fraction, levers) not in QUICK
-]
+SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in OTHERS]
 
 
 @pytest.mark.parametrize("model,platform,fraction,levers", QUICK + SLOW)
 def test_interval_bound_never_exceeds_the_exact_optimum(model, platform, fraction, levers):
     levers = LEVERS[levers]
     graph = GRAPHS[model]()
-    costs, peak, footprint = _setup(graph, platform)
+    costs, peak, footprint = setup(graph, platform)
     extra = 2 * graph.param_bytes if levers.get("params_in_budget") else 0
     budget = int(footprint + fraction * (peak - footprint)) + extra
     options = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.2, **levers)
@@ -61,7 +42,7 @@ def test_interval_bound_moves_above_the_eviction_bound_on_a_chain():
     """A chain of ten ReLUs on m4 at 5% of the way from the footprint to checkpoint-all: recomputing an
     activation needs the one before it, which the eviction bound does not charge."""
     graph = relu_chain(10)
-    costs, peak, footprint = _setup(graph, "m4")
+    costs, peak, footprint = setup(graph, "m4")
     options = MilpOptions(ram_budget_bytes=int(footprint + 0.05 * (peak - footprint)), runtime_budget_factor=1.2)
     found = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9)
     exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1)
@@ -71,7 +52,7 @@ def test_interval_bound_moves_above_the_eviction_bound_on_a_chain():
 
 def test_a_budget_that_holds_everything_proves_nothing():
     graph = residual()
-    costs, peak, _ = _setup(graph, "m0")
+    costs, peak, _ = setup(graph, "m0")
     found = interval_bound(graph, costs, MilpOptions(ram_budget_bytes=peak, runtime_budget_factor=1.2))
     assert found.bound_j == costs.plain_step_energy_j and found.schedule is None
     assert interval_bound(graph, costs, MilpOptions(ram_budget_bytes=peak // 2, compression=True)).bound_j == costs.plain_step_energy_j
@@ -82,7 +63,7 @@ def test_interval_schedule_replays_below_the_other_starts_on_resnet18_cifar():
     """resnet18_cifar on m4, 10% of the way, 1.05x: the relaxation's schedule replays within both budgets,
     above the bound, below 1.2 plain steps, where the other quick starts and the window search gave 1.36."""
     graph = build_paper_graph("resnet18_cifar")
-    costs, peak, footprint = _setup(graph, "m4")
+    costs, peak, footprint = setup(graph, "m4")
     budget = int(footprint + 0.1 * (peak - footprint))
     options = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.05)
     bound_j, schedules = interval_start(graph, costs, options, time_limit_s=60)
@@ -100,7 +81,7 @@ def test_interval_bound_certifies_vgg16_cifar_where_the_eviction_bound_leaves_a_
     relaxation, solved exactly, proves 1.002075, the energy of the schedule its solution makes (the
     optimum the stage relaxation certified before, docs/solve.md)."""
     graph = build_paper_graph("vgg16_cifar")
-    costs, peak, footprint = _setup(graph, "m4")
+    costs, peak, footprint = setup(graph, "m4")
     budget = int(footprint + 0.1 * (peak - footprint))
     options = MilpOptions(ram_budget_bytes=budget, runtime_budget_factor=1.05)
     found = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-6)

@@ -36,6 +36,7 @@ import scipy.sparse as sp
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.planners.poet.bounds import eviction_demands
+from poetlab.planners.poet.idle_gaps import with_gap_rows
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.core.schedule import Schedule
 
@@ -185,11 +186,13 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> _Pro
     )
 
 
-def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6) -> IntervalBound:
+def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6, gap_rows: bool = False, integral: bool = True) -> IntervalBound:
     """A lower bound (J) on the energy of every schedule of POET's MILP under ``options``: one plain step
     plus the cheapest regenerations that keep every stage over budget within it, where a tensor needed
     in two intervals between such stages is held across the stage between them or regenerated in each,
-    and a recomputation needs its inputs. The trivial bound where nothing is over budget or with compression."""
+    and a recomputation needs its inputs. The trivial bound where nothing is over budget or with compression.
+    ``gap_rows``: with the idle-gap rows (:mod:`poetlab.planners.poet.idle_gaps`, NOTE 7: the same optimum, a
+    stronger LP); ``integral=False``: its LP relaxation only (a weaker bound, no schedule)."""
     import time
 
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -199,23 +202,25 @@ def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     problem = _build(graph, costs, options)
     if problem is None:
         return IntervalBound(trivial, True, None, 0, 0, time.perf_counter() - started)
+    if gap_rows:
+        problem = with_gap_rows(graph, problem)
     n = problem.cost.size
     constraints = [LinearConstraint(problem.A, problem.row_lower, problem.row_upper)]
     if problem.runtime is not None:
         constraints.append(LinearConstraint(problem.runtime[None, :], -np.inf, problem.slack_s))
-    result = milp(problem.cost, constraints=constraints, integrality=np.ones(n), bounds=Bounds(np.zeros(n), problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": mip_gap})
+    result = milp(problem.cost, constraints=constraints, integrality=np.full(n, 1.0 if integral else 0.0), bounds=Bounds(np.zeros(n), problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": mip_gap})
     log.debug("interval bound: status %s, incumbent %s, dual bound %s", result.status, result.fun, getattr(result, "mip_dual_bound", None))
-    schedule = None if result.x is None else interval_schedule(graph, problem, np.asarray(result.x) > 0.5)
+    schedule = None if result.x is None or not integral else interval_schedule(graph, problem, np.asarray(result.x) > 0.5)
     seconds = time.perf_counter() - started
     size = (n, problem.A.shape[0])
-    incumbent = None if result.x is None else 1.0 + float(problem.cost @ np.asarray(result.x).round())
+    incumbent = None if result.x is None or not integral else 1.0 + float(problem.cost @ np.asarray(result.x).round())
     if result.status == 2:
         log.info("interval bound: its relaxation is infeasible")
         return IntervalBound(trivial, False, None, *size, seconds)
     extra = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
     if extra is None or not np.isfinite(extra):
         return IntervalBound(trivial, False, schedule, *size, seconds, incumbent)
-    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0, schedule, *size, seconds, incumbent)
+    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0 and integral, schedule, *size, seconds, incumbent)
 
 
 def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) -> Schedule | None:
@@ -280,8 +285,8 @@ def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) ->
 
 def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
     """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: a third of it at the
-    exact budget (the bound, and a schedule that may not fit: the rows do not see RAM inside a stage while
-    a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
+    exact budget with the idle-gap rows (the bound, and a schedule that may not fit: the rows do not see RAM
+    inside a stage while a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
     half of it, each tried only if the one before found no solution): quick starts the caller replays,
     dropping those over the budgets. The trivial bound and no schedules with compression; no schedules
     with ``charge_pagein`` (page-ins here land at the end of a stage) or without recomputation."""
@@ -290,8 +295,8 @@ def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     if options.compression:
         return costs.plain_step_energy_j, []
     deadline = time.perf_counter() + time_limit_s
-    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3)
-    log.info("interval bound: %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
+    exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3, gap_rows=True)
+    log.info("interval bound (with the idle-gap rows): %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
     if options.charge_pagein or not options.remat:
         return exact.bound_j, []
     schedules = [exact.schedule] if exact.schedule is not None else []
