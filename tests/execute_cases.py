@@ -193,3 +193,23 @@ class LinearAddLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.a(x) + 1.0)
 
+
+
+def trains_as_plain_autograd(model, graph, schedule, budget: float, steps: int = 3, label: str = ""):
+    """``steps`` steps of ``schedule`` on a copy of ``model`` (a ``load_user_model``/``build_torch_model``
+    result), each beside a plain step from the same weights and RNG state on another copy: the same loss,
+    gradients bit for bit, and a measured peak at or under ``budget``. Returns the last step's result."""
+    reference, scheduled = copy.deepcopy(model.module), copy.deepcopy(model.module)
+    executor = ScheduleExecutor(scheduled, graph, schedule, model.loss_fn)
+    for step in range(steps):  # (the second step on runs as the first taught it)
+        rng = torch.get_rng_state()
+        plain = model.loss_fn(reference(model.inputs), model.targets)
+        plain.backward()
+        torch.set_rng_state(rng)
+        result = executor.step(model.inputs, model.targets, measure_memory=True)
+        assert result.loss == float(plain.detach())
+        for (name, a), b in zip(reference.named_parameters(), scheduled.parameters(), strict=True):
+            assert (a.grad is None) == (b.grad is None), name
+            assert a.grad is None or torch.equal(a.grad, b.grad), f"{label}, step {step + 1}: gradient of {name} differs"
+        assert result.peak_bytes <= budget, (label, step, result.peak_bytes, budget, graph.reserved_bytes)
+    return result

@@ -9,7 +9,6 @@ fits (its simulated peak and the bytes ``solve`` keeps free)."""
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -17,10 +16,9 @@ import torch
 from torch import nn
 
 import poetlab
-from execute_cases import check_step
+from execute_cases import check_step, trains_as_plain_autograd
 from poetlab.core.schedule import Op, OpKind, Schedule, checkpoint_all_schedule, simulate
 from poetlab.planners.comparison import budget_ladder
-from poetlab.torch.execute import ScheduleExecutor
 from poetlab.torch.trace import trace
 from poetlab.torch.user_models import load_user_model
 from repo_paths import REPO
@@ -142,18 +140,7 @@ def test_nanogpts_q_k_and_v_are_paged_and_recomputed_with_their_projection(which
     assert len(_views(graph, "h_0_attn_c_attn")) == 4  # (the split and its three items)
     for schedule in _schedules(graph, which, "h_0_attn_c_attn"):
         budget = simulate(schedule, graph, costs).peak_ram_bytes + graph.reserved_bytes
-        reference, scheduled = copy.deepcopy(model.module), copy.deepcopy(model.module)
-        executor = ScheduleExecutor(scheduled, graph, schedule, model.loss_fn)
-        for step in range(3):  # (the second step on runs as the first taught it)
-            rng = torch.get_rng_state()
-            plain = model.loss_fn(reference(model.inputs), model.targets)
-            plain.backward()
-            torch.set_rng_state(rng)
-            result = executor.step(model.inputs, model.targets, measure_memory=True)
-            assert result.loss == float(plain.detach())
-            for (name, a), b in zip(reference.named_parameters(), scheduled.parameters(), strict=True):
-                assert torch.equal(a.grad, b.grad), f"step {step + 1}: gradient of {name} differs"
-            assert result.peak_bytes <= budget, (step, result.peak_bytes, budget)
+        result = trains_as_plain_autograd(model, graph, schedule, budget, label=which)
         assert result.n_pageouts + result.n_recomputes > 0
 
 

@@ -6,33 +6,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.planners.baselines import dtr
 from poetlab.planners.baselines.base import Budgets
 from poetlab.planners.heuristics import greedy_paging_schedule
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.bounds import eviction_bound
-from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.milp import build_milp
 from poetlab.planners.poet.neighbourhood import column_tensors, fits_milp, improve, window_model
 from poetlab.planners.poet.solver import solve
 
 from small_graphs import convnet, residual
+from solve_checks import grid_instance
 
 
 def _instance(model, platform, fraction, factor):
-    graph = {"residual": residual, "convnet": convnet}.get(model, lambda: build_paper_graph(model))()
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    budget = float(int(footprint + fraction * (peak - footprint)))
-    runtime_s = factor * costs.plain_step_runtime_s
-
-    def replay(schedule):
-        return simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s, fixed_bytes=graph.reserved_bytes)
-
-    return graph, costs, MilpOptions(budget, factor), replay
+    """:func:`solve_checks.grid_instance`, ``model`` also one of this file's small graphs by name."""
+    graph = {"residual": residual, "convnet": convnet}.get(model, lambda: model)()
+    return grid_instance(graph, platform, fraction, factor)[:4]
 
 
 @pytest.mark.parametrize("model,platform,fraction", [("linear", "m4", 0.1), ("residual", "m0", 0.1), ("convnet", "m4", 0.1), ("convnet", "m4", 0.5)])

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import pytest
 
-from poetlab import CostModel, build_paper_graph, load_platform
-from poetlab.core.graph import min_footprint_bytes
-from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
+from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule
 from poetlab.planners.poet.backends import run_milp
-from poetlab.planners.poet.milp import MilpOptions, build_milp
-from poetlab.planners.poet.repair import Budgets, loose_starts, repair, repair_all
+from poetlab.planners.poet.milp import build_milp
+from poetlab.planners.poet.repair import loose_starts, repair, repair_all
 from poetlab.planners.poet.solver import best_start, solve
 
 from small_graphs import convnet, relu_chain
+from solve_checks import grid_instance
 
 
 def _instance(model, platform, fraction, factor):
-    graph = {"convnet": convnet, "relu_chain": lambda: relu_chain(10)}.get(model, lambda: build_paper_graph(model))()
-    costs = CostModel.from_flops(graph, load_platform(platform))
-    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
-    footprint, _ = min_footprint_bytes(graph)
-    budget = float(int(footprint + fraction * (peak - footprint)))
-    runtime_s = factor * costs.plain_step_runtime_s
-
-    def replay(schedule):
-        return simulate(schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=runtime_s, fixed_bytes=graph.reserved_bytes)
-
-    return graph, costs, MilpOptions(budget, factor), replay, Budgets(budget, runtime_s, graph.reserved_bytes)
+    """:func:`solve_checks.grid_instance`, ``model`` also one of this file's small graphs by name."""
+    graph = {"convnet": convnet, "relu_chain": lambda: relu_chain(10)}.get(model, lambda: model)()
+    return grid_instance(graph, platform, fraction, factor)
 
 
 def _optimum(graph, costs, options) -> float:
