@@ -95,19 +95,27 @@ def minimal_recompute(graph: TrainingGraph, S_RAM: np.ndarray, M_IN: np.ndarray 
     computes node t, every tensor S_RAM[t + 1] keeps that S_RAM[t] does not hold (unless ``M_IN`` pages
     it in during stage t), and, going backwards, every node that a node computed in stage t reads and
     S_RAM[t] does not hold (Checkmate's R for a given S)."""
-    T = graph.n_nodes
     S_RAM = np.asarray(S_RAM, dtype=bool)
-    R = np.eye(T, dtype=bool)
-    arrives = S_RAM[1:T] & ~S_RAM[:-1]
-    R[:-1] |= arrives if M_IN is None else arrives & ~np.asarray(M_IN, dtype=bool)[:-1]
+    M_IN = None if M_IN is None else np.asarray(M_IN, dtype=bool)
     inputs = [sorted(set(node.inputs)) for node in graph.nodes]
-    for t in range(T):
-        for v in range(t, -1, -1):
-            if R[t, v]:
-                for u in inputs[v]:
-                    if not S_RAM[t, u]:
-                        R[t, u] = True
-    return R
+    return np.array([stage_recompute(inputs, S_RAM, M_IN, t) for t in range(graph.n_nodes)], dtype=bool).reshape(graph.n_nodes, graph.n_nodes)
+
+
+def stage_recompute(inputs: list[list[int]], S_RAM: np.ndarray, M_IN: np.ndarray | None, t: int) -> np.ndarray:
+    """Row t of :func:`minimal_recompute` (``inputs``: each node's input indices), for callers that
+    change a few stages of ``S_RAM`` at a time and rebuild only those rows."""
+    T = S_RAM.shape[0]
+    r = np.zeros(T, dtype=bool)
+    r[t] = True
+    if t + 1 < T:
+        arrives = S_RAM[t + 1] & ~S_RAM[t]
+        r |= arrives if M_IN is None else arrives & ~M_IN[t]
+    for v in range(t, -1, -1):
+        if r[v]:
+            for u in inputs[v]:
+                if not S_RAM[t, u]:
+                    r[u] = True
+    return r
 
 
 def _stage_peaks(graph: TrainingGraph, R: np.ndarray, S_RAM: np.ndarray) -> np.ndarray:

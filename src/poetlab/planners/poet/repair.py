@@ -34,6 +34,7 @@ import numpy as np
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, simulate
+from poetlab.planners.heuristics import greedy_remat_schedule, stage_recompute
 
 log = logging.getLogger("poetlab.repair")
 
@@ -97,22 +98,9 @@ class _State:
         for t in np.flatnonzero(self.M_OUT[:, j]):
             self.page("out", int(t), j, False)
 
-    def row(self, t: int) -> np.ndarray:
-        """Stage t's fewest computations: node t, what arrives for stage t + 1 unpaged, and their inputs."""
-        r = np.zeros(self.T, dtype=bool)
-        r[t] = True
-        if t + 1 < self.T:
-            r |= self.S_RAM[t + 1] & ~self.S_RAM[t] & ~self.M_IN[t]
-        for v in range(t, -1, -1):
-            if r[v]:
-                for u in self.inputs[v]:
-                    if not self.S_RAM[t, u]:
-                        r[u] = True
-        return r
-
     def refresh(self, stages) -> None:
         for t in sorted(set(int(s) for s in stages if 0 <= s < self.T)):
-            r = self.row(t)
+            r = stage_recompute(self.inputs, self.S_RAM, self.M_IN, t)
             self.R[t] = r
             r[t] = False
             self.rerun_energy[t] = float(self.costs.recompute_energy_j[r].sum())
@@ -361,7 +349,6 @@ def loose_starts(graph: TrainingGraph, costs: CostModel, budgets: Budgets, exclu
     those named in ``exclude`` (``dtr``, ``greedy_remat``: solve's ``exclude_starts``) left out."""
     from poetlab.planners.baselines import dtr
     from poetlab.planners.baselines.base import Budgets as PlannerBudgets, CannotMeetBudget
-    from poetlab.planners.heuristics import greedy_remat_schedule
 
     if budgets.runtime_s is None or not budgets.remat:
         return []
