@@ -74,3 +74,38 @@ def test_a_shared_parameters_contributions_live_from_its_first_backward_user_to_
         nn.CrossEntropyLoss()(plain(inputs), targets).backward()
     measured = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters())
     assert measured <= predicted <= measured + 32 * 64 * 4, (predicted, measured)
+
+
+class Tied(nn.Module):
+    """A decoder reusing the encoder's weight transposed (``F.linear(h, self.encoder.weight.t())``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features, self.encoder = nn.Linear(64, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = torch.tanh(self.encoder(torch.tanh(self.features(x))))
+        return nn.functional.linear(h, self.encoder.weight.t())
+
+
+def test_a_weight_tied_through_its_transpose_contributes_the_gradient_its_reader_made():
+    """The transpose's backward hands back a view of the gradient ``linear``'s backward made for it: that
+    contribution is ``grad:linear``'s, held until the last user of the weight (``grad:encoder``) sums it,
+    not a second tensor of ``grad:t``'s (it was counted twice)."""
+    torch.manual_seed(0)
+    module, inputs = Tied(), torch.randn(32, 64)
+    targets = inputs.clone()
+    graph = trace(module, inputs, nn.MSELoss(), targets)
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    contribution = 16 * 64 * 4
+    assert graph.nodes[index["grad:t"]].output_bytes == 0
+    assert graph.nodes[index["grad:linear"]].output_bytes == 32 * 16 * 4 + contribution
+    assert index["grad:linear"] in graph.nodes[index["grad:encoder"]].inputs
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    predicted = simulate(checkpoint_all_schedule(graph), graph, costs, fixed_bytes=graph.metadata["loss_storage_bytes"]).peak_ram_bytes
+    plain = copy.deepcopy(module)
+    with measure_allocations() as allocation:
+        nn.MSELoss()(plain(inputs), targets).backward()
+    measured = allocation.peak_excluding(p.grad.data_ptr() for p in plain.parameters())
+    # (grad:linear also holds h's gradient, which autograd frees once grad:tanh has read it: one output per node)
+    assert measured <= predicted <= measured + 32 * 16 * 4, (predicted, measured)

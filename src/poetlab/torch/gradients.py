@@ -25,6 +25,18 @@ from poetlab.core.graph import TrainingGraph
 
 __all__ = ["with_gradient_bytes", "with_shared_gradients"]
 
+#: forward operations whose output is a view of their input and whose backward hands back a view of the
+#: gradient it receives (no new bytes): ``self.encoder.weight.t()`` in weight tying
+_VIEW_KINDS = frozenset({"t", "transpose", "permute", "view", "unsqueeze", "squeeze"})
+
+
+def _views_the_parameter(graph: TrainingGraph, i: int) -> bool:
+    """Whether forward node ``i`` is a view of a parameter and nothing else (reads no graph tensor, owns no
+    bytes, a view operation): its backward's contribution to the parameter's gradient is a view of the
+    gradient its consumers' backward nodes made, not a tensor of its own."""
+    node = graph.nodes[i]
+    return not node.inputs and node.output_bytes == 0 and node.kind != "input" and set(node.kind.split("+")) <= _VIEW_KINDS
+
 
 def with_gradient_bytes(graph: TrainingGraph, gradient_bytes: dict[int, int]) -> TrainingGraph:
     """``graph`` with each backward node's bytes lowered to the gradient bytes measured for it, each storage
@@ -49,6 +61,7 @@ def with_shared_gradients(graph: TrainingGraph) -> TrainingGraph:
     sizes: dict[str, int] = metadata.get("param_sizes", {})  # type: ignore[assignment]
     index = {node.name: i for i, node in enumerate(graph.nodes)}
     backward = {f: index[b] for b, f in metadata.get("backward_of", {}).items()}  # type: ignore[union-attr]
+    forward_of = {b: index[f] for f, b in backward.items()}
     users: dict[str, list[int]] = {}
     for name, params in param_names.items():
         if name in backward:
@@ -63,8 +76,13 @@ def with_shared_gradients(graph: TrainingGraph) -> TrainingGraph:
         last = max(grads)  # (backward nodes come in reverse forward order: the earliest user's runs last)
         for j in grads:
             if j != last:
-                extra[j] += int(sizes.get(q, 0))
                 reads.setdefault(last, set()).add(j)
+                if _views_the_parameter(graph, forward_of[j]):
+                    # its contribution is the gradient its consumers' backward nodes made (a view of it):
+                    # already in their outputs, which are held until the last user's runs
+                    reads[last] |= {k for k in graph.nodes[j].inputs if graph.nodes[k].is_backward}
+                else:
+                    extra[j] += int(sizes.get(q, 0))
         name = graph.nodes[last].name
         workspace[name] = int(workspace.get(name, 0)) + int(sizes.get(q, 0))
     nodes = tuple(

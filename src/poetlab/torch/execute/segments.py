@@ -202,6 +202,8 @@ def _compile_segment(layout: StepLayout, plan: StepPlan, start: int, end: int) -
     computed = [op.node for op in ops if op.kind is OpKind.COMPUTE and op.node not in binding.inputs]
     in_segment = set(computed)
     freed = {op.node for op in ops if op.kind is OpKind.FREE}
+    # (an unmanaged base's free lets go of its views' values too: they hold its storage, StepLayout.views_freed_with)
+    freed |= {v for b in list(freed) for v in layout.views_freed_with.get(b, ())}
     members = [m for i in computed for m in binding.members[i]]
     inside = {m.name for m in members}
     deps = outside_inputs(members)

@@ -283,6 +283,8 @@ class StepRun(StepComputing, StepRecords):
         self._set_in_ram(i, False)
         if i not in self.layout.managed:
             self._drop_values(i)
+            for v in self.layout.views_freed_with.get(i, ()):  # (their values hold its storage)
+                self._drop_values(v)
             self.state[i].first_values = None  # (a graphless node's: graphless_in_segment)
 
     def do_at(self, position: int) -> None:
