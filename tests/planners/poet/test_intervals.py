@@ -65,6 +65,23 @@ def test_kept_through_rows_reach_the_exact_optimum_on_a_conv_chain_at_the_smalle
     assert found.bound_j == pytest.approx(exact.objective, rel=1e-6)
 
 
+def test_interval_start_certifies_a_conv_chain_at_the_smallest_footprint():
+    """The same instance through ``interval_start`` (no margin leaves room for the footprint, so its schedules
+    come from solves at the budget): the bound is the optimum, and a schedule replays at it."""
+    graph = convnet(depth=5)
+    costs, _, footprint = setup(graph, "m4")
+    runtime = 2.0 * costs.plain_step_runtime_s
+    bound_j, schedules = interval_start(graph, costs, MilpOptions(ram_budget_bytes=footprint, runtime_budget_factor=2.0), time_limit_s=30)
+    energies = []
+    for schedule in schedules:
+        try:
+            energies.append(simulate(schedule, graph, costs, ram_budget_bytes=footprint, runtime_budget_s=runtime).energy_j)
+        except InvalidScheduleError:
+            continue
+    assert bound_j / costs.plain_step_energy_j == pytest.approx(2.356554, abs=1e-6)
+    assert energies and min(energies) == pytest.approx(bound_j, rel=1e-6)
+
+
 SMALLEST = [("convnet", "m4", "fixes"), ("relu_chain", "m4", "poet"), ("residual", "m0", "params"), ("linear", "m4", "remat-only"), ("residual", "m0", "paging-only")]
 
 

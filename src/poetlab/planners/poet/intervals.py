@@ -39,7 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from poetlab.core.costs import CostModel
-from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.poet.bounds import eviction_demands
 from poetlab.planners.poet.idle_gaps import with_gap_rows
 from poetlab.planners.poet.milp import MilpOptions
@@ -314,27 +314,34 @@ def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) ->
 
 def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
     """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: a third of it at the
-    exact budget with the idle-gap rows (the bound, and a schedule that may not fit: the rows do not see RAM
-    inside a stage while a recomputation runs), the rest with the budget less a margin for that RAM (the largest tensor, then
-    half of it, each tried only if the one before found no solution): quick starts the caller replays,
-    dropping those over the budgets. The trivial bound and no schedules with compression; no schedules
-    with ``charge_pagein`` (page-ins here land at the end of a stage) or without recomputation."""
+    exact budget with the idle-gap and kept-through rows (the bound, and a schedule that may not fit: the rows
+    do not see RAM inside a stage while a recomputation runs), the rest without the kept-through rows, with
+    the budget less a margin for that RAM (the largest tensor, then half of it, each tried only if the one
+    before found no solution; a margin that leaves less than the smallest single-node footprint admits no
+    schedule and is skipped, and where both are, at the budget itself): quick starts the caller replays,
+    dropping those over the budgets. (Without the kept-through rows HiGHS finds more and cheaper solutions
+    in the same time, NOTE 8; their schedules are replayed anyway.) The trivial bound and no schedules with
+    compression; no schedules with ``charge_pagein`` (page-ins here land at the end of a stage) or without
+    recomputation."""
     import time
 
     if options.compression:
         return costs.plain_step_energy_j, []
     deadline = time.perf_counter() + time_limit_s
+    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes
+    largest = float(graph.output_bytes.max())
+    room = options.ram_budget_bytes - fixed - min_footprint_bytes(graph)[0]
+    margins = [margin for margin in (largest, largest / 2) if margin <= room] or [0.0]
     exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3, gap_rows=True)
-    log.info("interval bound (with the idle-gap rows): %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
+    log.info("interval bound (with the idle-gap and kept-through rows): %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
     if options.charge_pagein or not options.remat:
         return exact.bound_j, []
     schedules = [exact.schedule] if exact.schedule is not None else []
-    largest = float(graph.output_bytes.max())
-    for margin in (largest, largest / 2):
+    for margin in margins:
         left = deadline - time.perf_counter()
         if left <= 0.1 or (exact.optimal and exact.schedule is None):
             break
-        found = interval_bound(graph, costs, replace(options, ram_budget_bytes=options.ram_budget_bytes - margin), time_limit_s=left, mip_gap=1e-4)
+        found = interval_bound(graph, costs, replace(options, ram_budget_bytes=options.ram_budget_bytes - margin), time_limit_s=left, mip_gap=1e-4, kept_rows=False)
         if found.schedule is not None:
             log.info("interval relaxation (budget less %d bytes): a schedule from its solution, %.1f s", margin, found.seconds)
             schedules.append(found.schedule)
