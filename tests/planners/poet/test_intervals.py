@@ -14,7 +14,7 @@ from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 
 from bound_cases import GRAPHS, LEVERS, OTHERS, QUICK, setup
-from small_graphs import relu_chain, residual
+from small_graphs import convnet, relu_chain, residual
 
 SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in OTHERS]
 
@@ -48,6 +48,60 @@ def test_interval_bound_moves_above_the_eviction_bound_on_a_chain():
     exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1)
     assert found.optimal and exact.status == "optimal"
     assert eviction_bound(graph, costs, options) < found.bound_j <= exact.objective * (1 + 1e-7)
+
+
+def test_kept_through_rows_reach_the_exact_optimum_on_a_conv_chain_at_the_smallest_footprint():
+    """Five convolutions on m4 at the smallest footprint, 2x (NOTE 8): without the kept-through rows the
+    relaxation pages a tensor in at three stages in a row, counted in none of their memory rows, and proves
+    2.130774 plain steps; with them it proves the exact optimum, 2.356554."""
+    graph = convnet(depth=5)
+    costs, _, footprint = setup(graph, "m4")
+    options = MilpOptions(ram_budget_bytes=footprint, runtime_budget_factor=2.0)
+    exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1, time_limit_s=120)
+    without = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, kept_rows=False)
+    found = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9)
+    assert exact.status == "optimal" and without.optimal and found.optimal
+    assert without.bound_j < 0.95 * exact.objective
+    assert found.bound_j == pytest.approx(exact.objective, rel=1e-6)
+
+
+def test_interval_start_certifies_a_conv_chain_at_the_smallest_footprint():
+    """The same instance through ``interval_start`` (no margin leaves room for the footprint, so its schedules
+    come from solves at the budget): the bound is the optimum, and a schedule replays at it."""
+    graph = convnet(depth=5)
+    costs, _, footprint = setup(graph, "m4")
+    runtime = 2.0 * costs.plain_step_runtime_s
+    bound_j, schedules = interval_start(graph, costs, MilpOptions(ram_budget_bytes=footprint, runtime_budget_factor=2.0), time_limit_s=30)
+    energies = []
+    for schedule in schedules:
+        try:
+            energies.append(simulate(schedule, graph, costs, ram_budget_bytes=footprint, runtime_budget_s=runtime).energy_j)
+        except InvalidScheduleError:
+            continue
+    assert bound_j / costs.plain_step_energy_j == pytest.approx(2.356554, abs=1e-6)
+    assert energies and min(energies) == pytest.approx(bound_j, rel=1e-6)
+
+
+SMALLEST = [("convnet", "m4", "fixes"), ("relu_chain", "m4", "poet"), ("residual", "m0", "params"), ("linear", "m4", "remat-only"), ("residual", "m0", "paging-only")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,platform,levers", SMALLEST)
+def test_interval_bound_never_exceeds_the_exact_optimum_at_the_smallest_footprint(model, platform, levers):
+    """At the smallest footprint nearly every stage is over budget, so the kept-through rows bind at most
+    stages: the bound stays at or below the exact optimum (2x and 1.2x)."""
+    levers = LEVERS[levers]
+    graph = GRAPHS[model]()
+    costs, _, footprint = setup(graph, platform)
+    extra = 2 * graph.param_bytes if levers.get("params_in_budget") else 0
+    for factor in (2.0, 1.2):
+        options = MilpOptions(ram_budget_bytes=footprint + extra, runtime_budget_factor=factor, **levers)
+        exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1, time_limit_s=120)
+        found = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9)
+        if exact.status == "optimal":
+            assert found.bound_j <= exact.objective * (1 + 1e-7)
+        else:
+            assert exact.status == "infeasible"
 
 
 def test_a_budget_that_holds_everything_proves_nothing():
