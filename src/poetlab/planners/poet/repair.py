@@ -358,7 +358,7 @@ def _eject(state: _State, deadline: float) -> tuple[_State, tuple[float, np.ndar
     return None
 
 
-def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0) -> Schedule | None:
+def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0, chains: bool = True) -> Schedule | None:
     """``schedule`` changed, one tensor interval at a time, until it fits ``budgets`` (first RAM, then
     runtime), then made cheaper while single changes pay; None if it cannot be made to fit in
     ``time_limit_s`` (or the simulator refuses it for another reason than its budgets). Every accepted
@@ -398,7 +398,7 @@ def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: 
                 state, measured, accepted = new, after, True
                 steps += 1
                 break
-        if not accepted and excess <= 0 and not runtime_over:
+        if not accepted and chains and excess <= 0 and not runtime_over:
             ejected = _eject(state, deadline)
             if ejected is not None:
                 state, measured = ejected
@@ -439,7 +439,7 @@ def loose_starts(graph: TrainingGraph, costs: CostModel, budgets: Budgets, exclu
     return out
 
 
-def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule], budgets: Budgets, time_limit_s: float) -> list[Schedule]:
+def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule], budgets: Budgets, time_limit_s: float, chains: bool = True) -> list[Schedule]:
     """:func:`repair` of each of ``schedules``, cheapest first (replayed without budgets: a cheap
     schedule a little over a budget is the likeliest to stay cheap once it fits), each within half of
     what is left of ``time_limit_s`` (or its equal share, if more); those it could bring within the
@@ -457,7 +457,7 @@ def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule]
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
-        repaired = repair(graph, costs, schedule, budgets, time_limit_s=left * max(0.5, 1 / (len(priced) - number)))
+        repaired = repair(graph, costs, schedule, budgets, time_limit_s=left * max(0.5, 1 / (len(priced) - number)), chains=chains)
         if repaired is not None:
             out.append(repaired)
     return out
