@@ -17,7 +17,11 @@ interval at a time, and every change is rebuilt and replayed by the simulator:
   free);
 - within both budgets: a page-in becomes a recomputation, or a recomputation a page-in, wherever that
   is cheaper and both budgets still hold (on the M4 a recomputation costs far less energy than paging,
-  up to the runtime budget), the cheapest first, until no single change pays.
+  up to the runtime budget), the cheapest first, until no single change pays;
+- then (``chains``) ejection chains: a regeneration dropped by keeping its tensor in RAM, and RAM made
+  again by the over-RAM changes, kept where the chain ends within both budgets at less energy (the
+  cheaper schedules of bert/m4 at 50% keep an attention score and recompute cheap tensors more often,
+  which no single change reaches; docs/solve.md, NOTE 8).
 
 It finds schedules, not bounds; the caller replays what comes out like every start.
 """
@@ -360,9 +364,10 @@ def _eject(state: _State, deadline: float) -> tuple[_State, tuple[float, np.ndar
 
 def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0, chains: bool = True) -> Schedule | None:
     """``schedule`` changed, one tensor interval at a time, until it fits ``budgets`` (first RAM, then
-    runtime), then made cheaper while single changes pay; None if it cannot be made to fit in
-    ``time_limit_s`` (or the simulator refuses it for another reason than its budgets). Every accepted
-    step is replayed by the simulator; the caller replays the result again like every start."""
+    runtime), then made cheaper while single changes pay and, with ``chains``, while an ejection chain
+    (:func:`_eject`) pays, until ``time_limit_s``; None if it cannot be made to fit in ``time_limit_s``
+    (or the simulator refuses it for another reason than its budgets). Every accepted step is replayed
+    by the simulator; the caller replays the result again like every start."""
     deadline = time.perf_counter() + time_limit_s
     matrices = schedule.matrices()
     T = graph.n_nodes
@@ -444,7 +449,8 @@ def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule]
     schedule a little over a budget is the likeliest to stay cheap once it fits), each within half of
     what is left of ``time_limit_s`` (or its equal share, if more); those it could bring within the
     budgets. (On resnet50/m4 at 10% and 1.05x, DTR's schedule for RAM alone, the cheapest, fits after
-    four changes in 0.3 s; greedy remat's or the cover's need seconds.)"""
+    four changes in 0.3 s; greedy remat's or the cover's need seconds.) ``chains``: as :func:`repair`'s
+    (with them each repair runs until its share is spent while chains keep paying)."""
     deadline = time.perf_counter() + time_limit_s
     priced = []
     for schedule in schedules:
