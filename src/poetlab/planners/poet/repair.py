@@ -17,7 +17,11 @@ interval at a time, and every change is rebuilt and replayed by the simulator:
   free);
 - within both budgets: a page-in becomes a recomputation, or a recomputation a page-in, wherever that
   is cheaper and both budgets still hold (on the M4 a recomputation costs far less energy than paging,
-  up to the runtime budget), the cheapest first, until no single change pays.
+  up to the runtime budget), the cheapest first, until no single change pays;
+- then (``chains``) ejection chains: a regeneration dropped by keeping its tensor in RAM, and RAM made
+  again by the over-RAM changes, kept where the chain ends within both budgets at less energy (the
+  cheaper schedules of bert/m4 at 50% keep an attention score and recompute cheap tensors more often,
+  which no single change reaches; docs/solve.md, NOTE 9).
 
 It finds schedules, not bounds; the caller replays what comes out like every start.
 """
@@ -41,6 +45,10 @@ log = logging.getLogger("poetlab.repair")
 #: the candidate changes replayed per step before the search gives up on that step (each replay is
 #: milliseconds to a few tens of them on the paper graphs)
 TRIES_PER_STEP = 25
+#: at a local optimum of the single changes: the regenerations tried as "keep it in RAM instead", the
+#: most energy saved first, and the over-RAM changes each may take to make room again (:func:`_eject`)
+HOLD_TRIES = 40
+EJECT_STEPS = 12
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class _State:
         self.S_RAM, self.M_IN, self.M_OUT = S_RAM.copy(), M_IN.copy(), M_OUT.copy()
         self.R = np.zeros((T, T), dtype=bool)
         self.rerun_energy, self.rerun_time = np.zeros(T), np.zeros(T)  # per stage, kept with R
+        self.read_by_reruns = np.zeros((T, T), dtype=bool)  # per stage, the tensors its computations read, kept with R
         self.refresh(range(T))
         seconds = budgets.count_paging_time
         self.paging = [float(M_IN.sum(axis=0) @ costs.pagein_energy_j + M_OUT.sum(axis=0) @ costs.pageout_energy_j),
@@ -80,6 +89,7 @@ class _State:
         other.__dict__.update(self.__dict__)
         other.S_RAM, other.M_IN, other.M_OUT, other.R = self.S_RAM.copy(), self.M_IN.copy(), self.M_OUT.copy(), self.R.copy()
         other.rerun_energy, other.rerun_time, other.paging = self.rerun_energy.copy(), self.rerun_time.copy(), list(self.paging)
+        other.read_by_reruns = self.read_by_reruns.copy()
         return other
 
     def page(self, kind: str, t: int, j: int, value: bool) -> None:
@@ -105,10 +115,11 @@ class _State:
             r[t] = False
             self.rerun_energy[t] = float(self.costs.recompute_energy_j[r].sum())
             self.rerun_time[t] = float(self.costs.recompute_runtime_s[r].sum())
+            self.read_by_reruns[t] = self.is_input[self.R[t]].any(axis=0)
 
     def reads(self, t: int) -> np.ndarray:
         """The tensors a computation of stage t reads, or a page-out of stage t copies."""
-        return self.is_input[self.R[t]].any(axis=0) | self.M_OUT[t]
+        return self.read_by_reruns[t] | self.M_OUT[t]
 
     def energy_j(self) -> float:
         return self.costs.plain_step_energy_j + float(self.rerun_energy.sum()) + self.paging[0]
@@ -164,13 +175,10 @@ def _page_in_instead(state: _State, s: int, i: int) -> _State | None:
 
 def _idle_run(state: _State, t: int, j: int) -> tuple[int, int]:
     """The stages around t where j is in RAM at the start and neither read nor paged out."""
-    a = t
-    while a - 1 >= 0 and state.S_RAM[a - 1, j] and not state.reads(a - 1)[j] and not state.R[a - 1, j]:
-        a -= 1
-    b = t
-    while b + 1 < state.T and state.S_RAM[b + 1, j] and not state.reads(b + 1)[j]:
-        b += 1
-    return a, b
+    idle = state.S_RAM[:, j] & ~state.read_by_reruns[:, j] & ~state.M_OUT[:, j]
+    back = np.flatnonzero(~(idle[:t] & ~state.R[:t, j]))  # going back: stages that hold j, read and recompute nothing of it
+    forward = np.flatnonzero(~idle[t + 1 :])
+    return (int(back[-1]) + 1 if back.size else 0), (t + int(forward[0]) if forward.size else state.T - 1)
 
 
 def _relieve(state: _State, t: int, j: int, lever: str) -> _State | None:
@@ -183,7 +191,7 @@ def _relieve(state: _State, t: int, j: int, lever: str) -> _State | None:
         if lever != "drop":
             return None
         new.S_RAM[a : b + 1, j] = False
-        new.refresh(range(a - 1, b + 2))
+        new.refresh((a - 1, a, b, b + 1))  # (nothing reads j inside its idle run: the rows between keep their recomputations)
         return new
     if lever == "page":
         outs = np.flatnonzero(state.M_OUT[:, j])
@@ -196,14 +204,14 @@ def _relieve(state: _State, t: int, j: int, lever: str) -> _State | None:
         else:
             return None
         new.page("in", b, j, True)
-        new.refresh(range(a - 1, b + 2))
+        new.refresh((a - 1, a, b, b + 1))
         return new
     if lever == "recompute":
         new.S_RAM[a : b + 1, j] = False
         last = b + 1
         if last + 1 < state.T and not state.S_RAM[last + 1, j] and not state.M_OUT[last, j]:
             new.S_RAM[last, j] = False  # only read in stage b + 1: recomputed there
-        new.refresh(range(a - 1, b + 3))
+        new.refresh((a - 1, a, b, b + 1, b + 2))
         return new
     return None
 
@@ -292,11 +300,74 @@ def _saving_moves(state: _State) -> Iterator[_State]:
         yield new
 
 
-def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0) -> Schedule | None:
+def _hold(state: _State, s: int, j: int) -> _State | None:
+    """Tensor j, regenerated for stage s (recomputed in it, or paged in at the end of stage s - 1),
+    kept in RAM instead since the last stage before s that has it in RAM (its computation, a read, a
+    recomputation or a stage start)."""
+    p = s - 1
+    while p > j and not (state.S_RAM[p, j] or state.R[p, j]):
+        p -= 1
+    if p < j or p >= s - 1 and not state.M_IN[s - 1, j]:
+        return None
+    new = state.copy()
+    new.page("in", s - 1, j, False)
+    new.S_RAM[p + 1 : s + 1, j] = True
+    if not new.M_IN[:, j].any():
+        new.unpage_out(j)
+    new.refresh(range(p, s + 1))
+    return new
+
+
+def _hold_moves(state: _State) -> Iterator[_State]:
+    """Each regeneration (a recomputation, a page-in) replaced by keeping the tensor in RAM since it was
+    last there, the most energy saved first: over RAM as they come, for :func:`_eject` to make room."""
+    energy = state.energy_j()
+    movable = ~state.graph.pinned & (state.graph.output_bytes > 0)
+    spots = {(int(s), int(j)) for s, j in zip(*np.nonzero(state.R & ~np.eye(state.T, dtype=bool))) if movable[j]}
+    spots |= {(int(s) + 1, int(j)) for s, j in zip(*np.nonzero(state.M_IN)) if movable[j] and s + 1 < state.T}
+    scored = []
+    for s, j in spots:
+        new = _hold(state, s, j)
+        if new is not None and energy - new.energy_j() > 1e-12 * energy:
+            scored.append((new.energy_j(), s, j, new))
+    for *_, new in sorted(scored, key=lambda item: item[:3]):
+        yield new
+
+
+def _eject(state: _State, deadline: float) -> tuple[_State, tuple[float, np.ndarray]] | None:
+    """A cheaper schedule within both budgets two or more changes away, or None: a regeneration dropped
+    by keeping its tensor in RAM (:func:`_hold_moves`), then RAM made again by the over-RAM changes
+    (other tensors out over their idle runs), kept only if the whole chain ends within both budgets at
+    less energy. (An ejection chain: on bert/m4 at 50% the cheaper schedules keep an attention score
+    and recompute a few cheap tensors more often, which no single change reaches.)"""
+    energy, limit = state.energy_j(), state.budgets.runtime_s
+    for tried, held in enumerate(_hold_moves(state)):
+        if tried >= HOLD_TRIES or time.perf_counter() > deadline:
+            return None
+        new, measured = held, held.excess()
+        for _ in range(EJECT_STEPS):
+            if measured is None or measured[0] <= 0 or new.energy_j() >= energy or time.perf_counter() > deadline:
+                break
+            for tries, candidate in enumerate(_memory_moves(new, measured[1])):
+                if tries >= TRIES_PER_STEP or time.perf_counter() > deadline:
+                    break
+                after = candidate.excess()
+                if after is not None and after[0] < measured[0]:
+                    new, measured = candidate, after
+                    break
+            else:
+                break
+        if measured is not None and measured[0] <= 0 and new.energy_j() < energy * (1 - 1e-12) and (limit is None or new.runtime_s() <= limit * (1 + 1e-12)):
+            return new, measured
+    return None
+
+
+def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0, chains: bool = True) -> Schedule | None:
     """``schedule`` changed, one tensor interval at a time, until it fits ``budgets`` (first RAM, then
-    runtime), then made cheaper while single changes pay; None if it cannot be made to fit in
-    ``time_limit_s`` (or the simulator refuses it for another reason than its budgets). Every accepted
-    step is replayed by the simulator; the caller replays the result again like every start."""
+    runtime), then made cheaper while single changes pay and, with ``chains``, while an ejection chain
+    (:func:`_eject`) pays, until ``time_limit_s``; None if it cannot be made to fit in ``time_limit_s``
+    (or the simulator refuses it for another reason than its budgets). Every accepted step is replayed
+    by the simulator; the caller replays the result again like every start."""
     deadline = time.perf_counter() + time_limit_s
     matrices = schedule.matrices()
     T = graph.n_nodes
@@ -332,6 +403,12 @@ def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: 
                 state, measured, accepted = new, after, True
                 steps += 1
                 break
+        if not accepted and chains and excess <= 0 and not runtime_over:
+            ejected = _eject(state, deadline)
+            if ejected is not None:
+                state, measured = ejected
+                steps += 1
+                continue
         if not accepted:
             break
     if best is None:
@@ -367,12 +444,13 @@ def loose_starts(graph: TrainingGraph, costs: CostModel, budgets: Budgets, exclu
     return out
 
 
-def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule], budgets: Budgets, time_limit_s: float) -> list[Schedule]:
+def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule], budgets: Budgets, time_limit_s: float, chains: bool = True) -> list[Schedule]:
     """:func:`repair` of each of ``schedules``, cheapest first (replayed without budgets: a cheap
     schedule a little over a budget is the likeliest to stay cheap once it fits), each within half of
     what is left of ``time_limit_s`` (or its equal share, if more); those it could bring within the
     budgets. (On resnet50/m4 at 10% and 1.05x, DTR's schedule for RAM alone, the cheapest, fits after
-    four changes in 0.3 s; greedy remat's or the cover's need seconds.)"""
+    four changes in 0.3 s; greedy remat's or the cover's need seconds.) ``chains``: as :func:`repair`'s
+    (with them each repair runs until its share is spent while chains keep paying)."""
     deadline = time.perf_counter() + time_limit_s
     priced = []
     for schedule in schedules:
@@ -385,7 +463,7 @@ def repair_all(graph: TrainingGraph, costs: CostModel, schedules: list[Schedule]
         left = deadline - time.perf_counter()
         if left <= 0.05:
             break
-        repaired = repair(graph, costs, schedule, budgets, time_limit_s=left * max(0.5, 1 / (len(priced) - number)))
+        repaired = repair(graph, costs, schedule, budgets, time_limit_s=left * max(0.5, 1 / (len(priced) - number)), chains=chains)
         if repaired is not None:
             out.append(repaired)
     return out

@@ -88,6 +88,11 @@ REPAIR_MAX_S = 6.0
 REPAIR_MIN_TIME_LIMIT_S = 2.0
 #: and the limit below which the second repair (after the relaxations: their schedules, the fitting starts) is skipped
 REPAIR_AGAIN_MIN_TIME_LIMIT_S = 5.0
+#: and what that second repair may take, with the ejection chains (twice the first's: on bert/m4 at 50% the first
+#: chain that pays takes about 1 s; docs/solve.md, NOTE 9)
+REPAIR_AGAIN_SHARE = 0.2
+REPAIR_AGAIN_MIN_S = 2.0
+REPAIR_AGAIN_MAX_S = 12.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -313,15 +318,17 @@ def solve(
     repair_budgets = RepairBudgets(float(ram_budget_bytes), runtime_budget_s, fixed, count_paging_time, charge_pagein, paging, remat)
     repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what each of the two repairs may take
 
-    def repaired(schedules: list[Schedule], share_s: float) -> tuple[Schedule | None, SimulationResult | None]:
+    def repaired(schedules: list[Schedule], share_s: float, chains: bool) -> tuple[Schedule | None, SimulationResult | None]:
         best = (start, start_sim)
-        for schedule in repair_all(graph, costs, schedules, repair_budgets, time_limit_s=min(share_s, started + time_limit_s - time.perf_counter())):
+        for schedule in repair_all(graph, costs, schedules, repair_budgets, time_limit_s=min(share_s, started + time_limit_s - time.perf_counter()), chains=chains):
             best = _better(best, "repaired", schedule, replay, collect=fitting)
         return best
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
         loose = loose_starts(graph, costs, repair_budgets, exclude=exclude_starts)
-        start, start_sim = repaired(loose + rejected, repair_s)  # (the fitting starts' turn comes after the relaxations, whose bounds need the time more)
+        # (single changes only: the fitting starts' turn, with the ejection chains, comes after the relaxations, whose bounds
+        # need the time more, and which run only while the best start is far from the bound: docs/solve.md, NOTE 9)
+        start, start_sim = repaired(loose + rejected, repair_s, chains=False)
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
 
@@ -342,7 +349,8 @@ def solve(
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
-        start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], repair_s)  # the relaxations' schedules, and every fitting start made cheaper
+        again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)
+        start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
