@@ -272,7 +272,7 @@ def test_gradients_of_a_traced_graph_are_pinned(tmp_path):
         simulate(Schedule(graph.n_nodes, tuple(paged)), graph, costs)
     full = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
     schedules = []
-    for fraction in (0.5, 0.6):
+    for fraction in (0.6, 0.7):  # (of checkpoint-all, its backward workspaces the lower ones left alone)
         budget = fraction * full
         schedules += [greedy_paging_schedule(graph, costs, budget), greedy_remat_schedule(graph, costs, budget)]
         for planner in (dtr.plan, capuchin.plan):

@@ -67,3 +67,23 @@ def test_an_mse_loss_holds_its_unreduced_buffer():
     assert loss_storage_bytes(mse) == mse.graph.metadata["loss_storage_bytes"] == 2 * 16 * 4 - 4
     assert mse.graph.reserved_bytes >= loss_storage_bytes(mse)
     assert loss_storage_bytes(_traced()) == 0
+
+
+def test_a_fused_groups_incoming_gradient_goes_once_its_first_operation_has_used_it_where_the_node_is_left_alone():
+    """Conv+ReLU fused: in a real step autograd's engine frees the gradient the group receives once its ReLU's
+    backward has used it, before the convolution's im2col buffer; the simulator holds that gradient (an
+    output of the consumer's backward node) until the group's backward is done. So the group's workspace
+    where the schedule leaves the group alone is the im2col buffer alone (``workspace_left_alone``); where it
+    manages it (its storages kept until the schedule's free) the figure measured with that gradient held."""
+    from poetlab.torch.workspace import measure_operations
+
+    torch.manual_seed(0)
+    traced = trace_step(ConvNet(), (torch.randn(2, 3, 16, 16),), nn.CrossEntropyLoss(), torch.randint(4, (2,)), fuse=True, name="convnet")
+    graph = traced.graph
+    index = {node.name: i for i, node in enumerate(graph.nodes)}
+    assert graph.metadata["fx_groups"]["conv"] == ["conv", "relu", "drop", "flatten"]
+    measured = measure_operations(traced)
+    im2col = 2 * (3 * 3 * 3) * (16 * 16) * 4
+    assert measured.workspace_left_alone[index["grad:conv"]] == im2col < measured.workspace[index["grad:conv"]]
+    assert graph.workspace_left_alone[index["grad:conv"]] == im2col and graph.workspace_owner[index["grad:conv"]] == index["conv"]
+    assert graph.nodes[index["grad:lin"]].output_bytes == 2 * 8 * 16 * 16 * 4  # (the gradient it receives)

@@ -176,6 +176,30 @@ class TrainingGraph:
             raise GraphFileError(f"training graph {self.name!r}: metadata workspace_by_node must map node names to bytes")
         return _readonly(np.array([int(by_name.get(node.name, 0) or 0) for node in self.nodes], dtype=np.int64))
 
+    @cached_property
+    def workspace_left_alone(self) -> np.ndarray:
+        """Per node, its workspace where the schedule leaves the forward node it belongs to alone (computes it
+        once, never pages it, frees it after its last reader: :func:`poetlab.core.schedule.managed_nodes`), at
+        most :attr:`workspace`: a backward node whose incoming gradient dies in it
+        (``metadata["workspace_left_alone_by_node"]``, :mod:`poetlab.torch.workspace`). Autograd's engine
+        frees that gradient once the node's first operation has used it, and frees the tensors the node
+        saved as its backward goes, which the lower figure counts on; a managed node's storages stay until
+        the schedule frees them, so it gets :attr:`workspace`. Equal to :attr:`workspace` elsewhere."""
+        by_name = self.metadata.get("workspace_left_alone_by_node") or {}
+        if not isinstance(by_name, dict):
+            raise GraphFileError(f"training graph {self.name!r}: metadata workspace_left_alone_by_node must map node names to bytes")
+        full = self.workspace
+        return _readonly(np.array([min(int(full[i]), int(by_name.get(node.name, full[i]))) for i, node in enumerate(self.nodes)], dtype=np.int64))
+
+    @cached_property
+    def workspace_owner(self) -> np.ndarray:
+        """Per node, the forward node whose treatment picks its workspace (:attr:`workspace_left_alone` where
+        the schedule leaves that node alone, :attr:`workspace` otherwise), -1 where both are the same."""
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+        backward_of = self.metadata.get("backward_of") or {}
+        lower = self.workspace_left_alone < self.workspace
+        return _readonly(np.array([index[backward_of[node.name]] if lower[i] else -1 for i, node in enumerate(self.nodes)], dtype=np.int64))
+
     @property
     def workspace_bytes(self) -> int:
         """The largest workspace of one operation (:attr:`workspace`): 0 on the paper's graphs."""
@@ -295,7 +319,7 @@ def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
     """(bytes, node): the largest output-plus-inputs (plus the node's workspace, :attr:`TrainingGraph.workspace`)
     of any node, which any schedule must hold at once."""
     sizes = graph.output_bytes
-    workspace = graph.workspace
+    workspace = graph.workspace  # (not workspace_left_alone: a node's own footprint, whatever the schedule)
     footprint = np.array([sizes[i] + workspace[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
     node = int(footprint.argmax())
     return int(footprint[node]), node

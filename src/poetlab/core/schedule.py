@@ -326,6 +326,40 @@ def checkpoint_all_schedule(graph: TrainingGraph) -> Schedule:
     return Schedule.from_matrices(graph, R, S_RAM)
 
 
+def managed_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
+    """The forward nodes (inputs left out) that ``schedule`` does more with than plain autograd would: it frees
+    one while a later operation still reads it, pages or compresses it, or recomputes it; and the bases of
+    such a node's views (``metadata["view_of"]``: their memory is the bases'). An executor records such a
+    node's storages and keeps them until the schedule frees them; every other forward node is computed once
+    and freed after its last use, as PyTorch does by itself (docs/executor.md), and its backward node's
+    workspace is :attr:`TrainingGraph.workspace_left_alone`."""
+    nodes = graph.nodes
+    forward = [not node.is_backward and node.kind != "input" for node in nodes]
+    computes: dict[int, list[int]] = {}
+    for position, op in enumerate(schedule.ops):
+        if op.kind is OpKind.COMPUTE:
+            computes.setdefault(op.node, []).append(position)
+    last_read = [-1] * len(nodes)
+    for j, node in enumerate(nodes):
+        last = max(computes.get(j, (-1,)))
+        for i in node.inputs:
+            last_read[i] = max(last_read[i], last)
+    managed: set[int] = set()
+    for position, op in enumerate(schedule.ops):
+        i = op.node
+        if not forward[i]:
+            continue
+        if op.kind is OpKind.FREE:
+            if position < last_read[i]:
+                managed.add(i)
+        elif op.kind is not OpKind.COMPUTE or len(computes[i]) > 1:
+            managed.add(i)
+    names = {node.name: i for i, node in enumerate(nodes)}
+    view_of = graph.metadata.get("view_of") or {}
+    managed |= {names[b] for i in list(managed) for b in view_of.get(nodes[i].name, ()) if forward[names[b]]}  # type: ignore[union-attr]
+    return frozenset(managed)
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     """What replaying a schedule costs. Energies in J, times in s, memory in bytes.
@@ -335,7 +369,8 @@ class SimulationResult:
     work, is added to it in the budget check). ``energy_j`` includes ``compression_energy_j``. ``memory_trace_bytes[k]`` is the
     RAM in use right after operation k (before any free that follows it), fixed bytes included; for a compute,
     the node's workspace too (:attr:`TrainingGraph.workspace`: allocated beside its inputs and output while it
-    runs, 0 on the paper's graphs).
+    runs, 0 on the paper's graphs; :attr:`TrainingGraph.workspace_left_alone` for a backward node whose forward
+    node the schedule leaves alone, :func:`managed_nodes`).
     """
 
     energy_j: float
@@ -384,6 +419,10 @@ def simulate(
         raise InvalidScheduleError(0, None, f"schedule has {schedule.n_nodes} nodes, graph {T}, costs {costs.n_nodes}")
     nbytes = graph.output_bytes
     workspace = graph.workspace
+    owner = graph.workspace_owner
+    if (owner >= 0).any():  # (a backward node's workspace is lower where the schedule leaves its forward node alone)
+        managed = managed_nodes(graph, schedule)
+        workspace = np.where((owner >= 0) & ~np.isin(owner, list(managed)), graph.workspace_left_alone, workspace)
     inputs = [tuple(set(node.inputs)) for node in graph.nodes]
     in_ram = np.zeros(T, dtype=bool)
     on_flash = np.zeros(T, dtype=bool)

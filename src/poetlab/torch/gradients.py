@@ -54,7 +54,7 @@ def with_shared_gradients(graph: TrainingGraph) -> TrainingGraph:
     where autograd holds them (module docstring): the backward nodes of its users but the earliest in the
     forward pass (whose backward runs last) hold one contribution each in their outputs until that node
     runs, and that node's workspace has its own. Reads ``metadata["param_names"]``, ``["param_sizes"]``,
-    ``["backward_of"]`` and ``["workspace_by_node"]``; the latter is updated, and
+    ``["backward_of"]`` and ``["workspace_by_node"]``; the latter (and ``["workspace_left_alone_by_node"]``) is updated, and
     ``metadata["shared_gradient_bytes"]`` (kept free for the whole step) set to 0."""
     metadata = dict(graph.metadata)
     param_names: dict[str, list[str]] = metadata.get("param_names", {})  # type: ignore[assignment]
@@ -70,6 +70,7 @@ def with_shared_gradients(graph: TrainingGraph) -> TrainingGraph:
     extra = [0] * graph.n_nodes
     reads: dict[int, set[int]] = {}
     workspace = dict(metadata.get("workspace_by_node") or {})  # type: ignore[arg-type]
+    left_alone = dict(metadata.get("workspace_left_alone_by_node") or {})  # type: ignore[arg-type]
     for q, grads in users.items():
         if len(grads) < 2:
             continue
@@ -85,10 +86,14 @@ def with_shared_gradients(graph: TrainingGraph) -> TrainingGraph:
                     extra[j] += int(sizes.get(q, 0))
         name = graph.nodes[last].name
         workspace[name] = int(workspace.get(name, 0)) + int(sizes.get(q, 0))
+        if name in left_alone:
+            left_alone[name] = int(left_alone[name]) + int(sizes.get(q, 0))
     nodes = tuple(
         replace(node, output_bytes=node.output_bytes + extra[i], inputs=(*node.inputs, *sorted(reads.get(i, set()) - set(node.inputs))))
         for i, node in enumerate(graph.nodes)
     )
     metadata["workspace_by_node"] = workspace
+    if left_alone:
+        metadata["workspace_left_alone_by_node"] = left_alone
     metadata["shared_gradient_bytes"] = 0
     return TrainingGraph(graph.name, nodes, metadata)

@@ -312,6 +312,8 @@ def trace_step(module, example_inputs, loss_fn, targets, *, fuse=False, leaf_mod
     traced.graph = with_gradient_bytes(traced.graph, measured.gradient_bytes)
     traced.graph.metadata.update(rng_state_bytes=rng_bytes, loss_storage_bytes=loss_bytes)
     traced.graph.metadata["workspace_by_node"] = {traced.graph.nodes[i].name: b for i, b in sorted(workspaces.items())}
+    # (lower where the schedule leaves the node's forward node alone: TrainingGraph.workspace_left_alone)
+    traced.graph.metadata["workspace_left_alone_by_node"] = {traced.graph.nodes[i].name: b for i, b in sorted(measured.workspace_left_alone.items())}
     traced.graph = with_shared_gradients(traced.graph)  # (poetlab.torch.gradients)
     return traced
 

@@ -96,6 +96,9 @@ class OperationBytes:
 
     workspace: dict[int, int]
     gradient_bytes: dict[int, int]
+    #: backward node index -> its workspace where its forward node is left alone, where lower than
+    #: ``workspace`` (``TrainingGraph.workspace_left_alone``)
+    workspace_left_alone: dict[int, int]
 
 
 def _gradient_bytes(grads: list[tuple[torch.Tensor | None, torch.Tensor]]) -> int:
@@ -116,6 +119,40 @@ def _gradient_bytes(grads: list[tuple[torch.Tensor | None, torch.Tensor]]) -> in
     return missing + sum(largest.values())
 
 
+class _EngineSeed(torch.autograd.Function):
+    """Identity on ``x`` whose backward hands on ``seed`` and lets go of it: the incoming gradient of a
+    node run alone then lives in autograd's engine only, freed once the node's first operation has used it,
+    as in a real step (a fused group's LayerNorm backward reads it; its Linear's come after)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.seed = seed
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        seed = ctx.seed
+        del ctx.seed
+        return seed, None
+
+
+def _last_readers_of_their_gradients(graph) -> list[int]:
+    """The forward nodes whose backward node is the last reader of every gradient it reads (the backward
+    nodes of its consumers): its incoming gradient dies in it, in the engine. Where another backward node
+    reads one later (an add hands one gradient to both its inputs), the engine keeps it."""
+    backward_of = {f: b for b, f in graph.metadata["backward_of"].items()}  # type: ignore[union-attr]
+    index = {node.name: k for k, node in enumerate(graph.nodes)}
+    found = []
+    for i, node in enumerate(graph.nodes):
+        j = index.get(backward_of.get(node.name, ""), -1)
+        if j < 0:
+            continue
+        incoming = [k for k in graph.nodes[j].inputs if graph.nodes[k].is_backward]
+        if incoming and all(max(graph.consumers[k]) == j for k in incoming):
+            found.append(i)
+    return found
+
+
 def measure_workspaces(traced: TracedStep) -> dict[int, int]:
     """Graph node index -> its operation's transient workspace in bytes (:class:`OperationBytes`)."""
     return measure_operations(traced).workspace
@@ -134,6 +171,7 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
         markers += 1
 
     returned: dict[int, int] = {}
+    alone = [i for i in _last_readers_of_their_gradients(graph) if i in set(forward_nodes)]
     with torch.random.fork_rng(devices=[]), planned_kernels(), measure_allocations() as allocations:
         for i in forward_nodes:
             probe = node_probe(traced, i)
@@ -150,6 +188,21 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
             # (the gradients of its inputs, not of parameters: those live in .grad, outside the graph's count)
             returned[i] = _gradient_bytes([(g, t) for g, t in zip(grads, targets) if not isinstance(t, nn.Parameter)])
             del out, outs, targets, seeds, grads
+        # each node whose backward is its incoming gradient's last reader, again, that gradient let go of as
+        # the engine does (the workspace of a backward node whose forward node the schedule leaves alone)
+        for i in alone:
+            probe = node_probe(traced, i)
+            out = probe.forward()
+            outs = [t for t in tensors_in(out) if t.requires_grad]
+            targets = [t for t in probe.grad_targets() if t.requires_grad]
+            seeds = [torch.ones_like(t) for t in outs]
+            outs = [_EngineSeed.apply(t, s).sum() for t, s in zip(outs, seeds, strict=True)]
+            units = [torch.ones(()) for _ in outs]
+            del seeds
+            mark()
+            grads = torch.autograd.grad(outs, targets, units, allow_unused=True) if outs and targets else ()
+            mark()
+            del out, outs, targets, units, grads
     cuts = {_MARKER_BYTES + k: k for k in range(markers)}
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(markers + 1)]
     piece = 0
@@ -170,4 +223,10 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
         if name in backward_of:
             found[index[backward_of[name]]] = _transient(pieces[4 * k + 3])
             gradient_bytes[index[backward_of[name]]] = returned[i]
-    return OperationBytes(found, gradient_bytes)
+    left_alone: dict[int, int] = {}
+    for k, i in enumerate(alone):  # (then pieces per node: its forward and gradient, its backward)
+        j = index[backward_of[graph.nodes[i].name]]
+        lower = _transient(pieces[4 * len(forward_nodes) + 2 * k + 1])
+        if lower < found[j]:
+            left_alone[j] = lower
+    return OperationBytes(found, gradient_bytes, left_alone)

@@ -127,3 +127,59 @@ def test_milp_is_sparse_and_sized_by_lower_triangles():
     assert full.n_cols < 2 * tri + 4 * strict + T * E
     assert no_paging.n_cols < full.n_cols - 3 * strict + 1
     assert full.A.nnz < 12 * full.n_rows
+
+
+def test_a_backward_nodes_workspace_left_alone_counts_in_the_milp_as_in_the_simulator():
+    """A backward node's lower workspace where the schedule leaves its forward node alone
+    (``TrainingGraph.workspace_left_alone``, ``poetlab.core.schedule.managed_nodes``): the simulator counts the
+    lower one for checkpoint-all and the full one for a node a schedule recomputes or pages, and the MILP's
+    memory rows (MANAGED_f, at least each rerun and page-out of f) agree with it to the byte on each schedule:
+    feasible at its simulated peak, infeasible a byte below; a solved schedule replays inside its budget."""
+    from poetlab.core.graph import TrainingGraph
+    from poetlab.core.schedule import OpKind, managed_nodes
+    from poetlab.planners.heuristics import greedy_paging_schedule
+
+    plain = residual()
+    costs = CostModel.from_flops(plain, load_platform("a72"))
+    forward = [i for i, n in enumerate(plain.nodes) if not n.is_backward and plain.consumers[i]][1:]
+    backward = [i for i, n in enumerate(plain.nodes) if n.is_backward]
+    pairs = list(zip(backward, reversed(forward)))  # (any pairing: the forward node's treatment picks the figure)
+    workspace = np.zeros(plain.n_nodes, dtype=np.int64)
+    workspace[[b for b, _ in pairs]] = 3 * int(plain.output_bytes.max())
+    metadata = dict(
+        plain.metadata,
+        workspace_by_node={n.name: int(w) for n, w in zip(plain.nodes, workspace, strict=True)},
+        workspace_left_alone_by_node={plain.nodes[b].name: int(workspace[b]) // 3 for b, _ in pairs},
+        backward_of={plain.nodes[b].name: plain.nodes[f].name for b, f in pairs},
+    )
+    graph = TrainingGraph(plain.name, plain.nodes, metadata)
+    assert np.array_equal(graph.workspace_owner[[b for b, _ in pairs]], [f for _, f in pairs])
+    full_ws = _with_workspace(plain, workspace)
+    everything = checkpoint_all_schedule(graph)
+    assert not managed_nodes(graph, everything)
+    assert simulate(everything, graph, costs).peak_ram_bytes < simulate(everything, full_ws, costs).peak_ram_bytes
+    peak = simulate(everything, graph, costs).peak_ram_bytes
+    schedules = [everything, greedy_remat_schedule(graph, costs, 0.7 * peak), greedy_paging_schedule(graph, costs, 0.7 * peak)]
+    assert all(managed_nodes(graph, s) for s in schedules[1:])
+    for schedule in schedules:
+        sim = simulate(schedule, graph, costs)
+        managed = managed_nodes(graph, schedule)
+        computes = [k for k, op in enumerate(schedule.ops) if op.kind is OpKind.COMPUTE and graph.workspace_owner[op.node] >= 0]
+        for k in computes:  # (the figure the forward node's treatment picks, beside the tensors)
+            b = schedule.ops[k].node
+            picked = graph.workspace[b] if graph.workspace_owner[b] in managed else graph.workspace_left_alone[b]
+            assert sim.memory_trace_bytes[k] - simulate(schedule, plain, costs).memory_trace_bytes[k] == picked
+        paging = schedule.count(OpKind.PAGE_OUT) > 0
+        at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes, paging=paging))
+        assert feasible(at_peak, at_peak.encode(schedule.matrices().as_dict()))[0]
+        below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=sim.peak_ram_bytes - 1, paging=paging))
+        assert not feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+    from poetlab import solve
+
+    budget = max(simulate(s, graph, costs).peak_ram_bytes for s in schedules[1:])  # (a budget greedy schedules fit)
+    assert budget < peak
+    solved = solve(graph, costs, budget, time_limit_s=30)
+    assert solved.schedule is not None, solved
+    assert simulate(solved.schedule, graph, costs, ram_budget_bytes=budget).peak_ram_bytes <= budget
+    model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget))
+    assert feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]

@@ -117,7 +117,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
         return None
     T = graph.n_nodes
     b = graph.output_bytes.astype(float)
-    w = graph.workspace.astype(float)
+    w = graph.workspace_left_alone.astype(float)  # (the least the MILP counts: the rows stay valid)
     movable = ~graph.pinned
     can_recompute = movable & options.remat
     can_page = movable & options.paging

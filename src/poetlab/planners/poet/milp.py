@@ -99,8 +99,15 @@ class MilpModel:
     fixed_bytes: int = 0
     runtime_budget_s: float | None = None
     compressed_bytes: np.ndarray | None = field(default=None, repr=False)
-    #: each node's workspace, counted in U[t, k] when R[t, k] (None: all zero, as on the paper's graphs)
+    #: each node's workspace, counted in U[t, k] when R[t, k] (None: all zero, as on the paper's graphs); the
+    #: lower figure where a forward node left alone picks it (TrainingGraph.workspace_left_alone)
     node_workspace: np.ndarray | None = field(default=None, repr=False)
+    #: forward node -> its column of MANAGED (1 when the schedule recomputes, pages or compresses it or one of
+    #: its views: poetlab.core.schedule.managed_nodes), and the nodes whose operations set it
+    managed_index: dict[int, int] = field(default_factory=dict, repr=False)
+    managed_by: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    #: backward node -> (its forward node, the workspace it adds where that node is managed)
+    managed_workspace: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
 
     @property
     def n_cols(self) -> int:
@@ -122,6 +129,7 @@ class MilpModel:
         """The solution vector of a schedule given as T x T matrices (R, S_RAM, S_SSD, M_IN, M_OUT),
         with FREE and U derived by the formulation's own rules: a MIP start for the solver."""
         x = np.zeros(self.n_cols)
+        managed = self._managed(matrices)
         for name, idx in self.index.items():
             exists = idx >= 0
             x[idx[exists]] = np.asarray(matrices[name], dtype=float)[exists]
@@ -153,8 +161,23 @@ class MilpModel:
             u = memory + np.concatenate(([0.0], np.cumsum(steps)))
             if self.node_workspace is not None:
                 u = u + R[t, : t + 1] * self.node_workspace[: t + 1]
+            if t in self.managed_workspace:
+                f, extra = self.managed_workspace[t]
+                u[t] += extra * managed[f]
             x[self.u_index[t, : t + 1]] = u
+        for f, col in self.managed_index.items():
+            x[col] = managed[f]
         return x
+
+    def _managed(self, matrices: dict[str, np.ndarray]) -> dict[int, float]:
+        """MANAGED of each forward node with a column, from a schedule's matrices (as the formulation's rows
+        bound it: a rerun, a page-out or a compress of the node or of one of its views)."""
+        R = np.asarray(matrices["R"], dtype=bool)
+        moves = [np.asarray(matrices[name], dtype=bool) for name in ("M_OUT", "M_CMP") if name in matrices]
+        return {
+            f: float(any(R[s + 1 :, s].any() or any(m[:, s].any() for m in moves) for s in sources))
+            for f, sources in self.managed_by.items()
+        }
 
     def decode(self, x: np.ndarray) -> dict[str, np.ndarray]:
         """The T x T boolean matrices of a solution vector (values rounded at 0.5)."""
@@ -345,12 +368,39 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     rows.terms(ids_step, U[t_idx, k_idx], -1.0)
     rows.terms(ids_step, R[t_idx, k_idx + 1], -b[k_idx + 1])
     # (6w) a node's workspace (TrainingGraph.workspace, as the simulator counts it) is in U[t, k] while node k
-    # runs in stage t and gone from the next step:  U[t, k] also holds R[t, k] w_k
-    w = graph.workspace.astype(float)
+    # runs in stage t and gone from the next step:  U[t, k] also holds R[t, k] w_k; a backward node b whose
+    # workspace is lower where the schedule leaves its forward node f alone (TrainingGraph.workspace_left_alone)
+    # holds the lower w_b and the difference d_b times MANAGED_f, which is at least each rerun, page-out and
+    # compress of f and of its views (poetlab.core.schedule.managed_nodes): U[b, b] += d_b MANAGED_f
+    w = graph.workspace_left_alone.astype(float)
     if w.any():
         rows.terms(ids, R[:, 0], -w[0])
         rows.terms(ids_step, R[t_idx, k_idx + 1], -w[k_idx + 1])
         rows.terms(ids_step, R[t_idx, k_idx], w[k_idx])
+    owner = graph.workspace_owner
+    extra = graph.workspace.astype(float) - w
+    names = {n.name: i for i, n in enumerate(graph.nodes)}
+    view_of = graph.metadata.get("view_of") or {}
+    managed_by = {
+        int(f): (int(f), *(v for v, n in enumerate(graph.nodes) if not n.is_backward and f in {names[x] for x in view_of.get(n.name, ())}))  # type: ignore[union-attr]
+        for f in sorted(set(owner[owner >= 0].tolist()))
+    }
+    managed_index: dict[int, int] = {}
+    if managed_by:
+        mask = np.zeros(T, dtype=bool)
+        mask[list(managed_by)] = True
+        managed_col = cols.add(mask, 0.0, 1.0, False)
+        managed_index = {f: int(managed_col[f]) for f in managed_by}
+        for f, sources in managed_by.items():
+            for s_ in sources:
+                for moves in (R, M_OUT, M_CMP):
+                    later = moves[s_ + 1 :, s_] if moves is R else moves[:, s_]
+                    later = later[later >= 0]
+                    ids_m = rows.new(later.size, 0.0, INF)  # MANAGED_f - move >= 0
+                    rows.terms(ids_m, np.full(later.size, managed_index[f]), 1.0)
+                    rows.terms(ids_m, later, -1.0)
+        for bwd in np.flatnonzero(owner >= 0):
+            rows.terms(row_of[bwd, bwd - 1 : bwd], np.array([managed_index[int(owner[bwd])]]), -extra[bwd])
     ft, fe = np.nonzero(free_mask)
     fk = dst[fe]
     has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
@@ -397,4 +447,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         runtime_budget_s=runtime_budget_s,
         compressed_bytes=c if compression is not None else None,
         node_workspace=w if w.any() else None,
+        managed_index=managed_index,
+        managed_by=managed_by,
+        managed_workspace={int(b): (int(owner[b]), float(extra[b])) for b in np.flatnonzero(owner >= 0)},
     )

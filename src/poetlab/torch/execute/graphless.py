@@ -9,6 +9,7 @@ import torch
 
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import OpKind, Schedule
+from poetlab.core.schedule import managed_nodes as schedule_managed_nodes
 from poetlab.torch.probes import fetch_attr
 from poetlab.torch.execute.codegen import outside_inputs
 from poetlab.torch.execute.result import ExecutionError
@@ -44,31 +45,12 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule, binding: Binding) ->
     """
     nodes = graph.nodes
     forward = [not node.is_backward and i not in binding.inputs for i, node in enumerate(nodes)]
-    readers: dict[int, list[int]] = {}
-    for j, node in enumerate(nodes):
-        for i in node.inputs:
-            readers.setdefault(i, []).append(j)
     computes: dict[int, list[int]] = {}  # node -> positions of its computes
     for position, op in enumerate(schedule.ops):
         if op.kind is OpKind.COMPUTE:
             computes.setdefault(op.node, []).append(position)
-    last_read = {i: max((p for j in readers.get(i, ()) for p in computes.get(j, ())), default=-1) for i in range(len(nodes))}
-    managed: set[int] = set()
-    for position, op in enumerate(schedule.ops):
-        i = op.node
-        if not forward[i]:
-            continue
-        if op.kind is OpKind.FREE:
-            if position < last_read[i]:
-                managed.add(i)
-        elif op.kind is not OpKind.COMPUTE or len(computes[i]) > 1:
-            managed.add(i)
-    # a view's memory is its bases' (``metadata["view_of"]``: it owns none of it): the schedule frees, pages or
-    # recomputes a managed view's bytes through its bases, so they are managed too, their storages recorded
-    # as theirs and emptied with them, never with the view
-    names = {node.name: i for i, node in enumerate(nodes)}
-    view_of = graph.metadata.get("view_of") or {}
-    managed |= {names[b] for i in list(managed) for b in view_of.get(nodes[i].name, ()) if forward[names[b]]}
+    # (the simulator's rule, which picks a backward node's workspace by it: poetlab.core.schedule.managed_nodes)
+    managed = {i for i in schedule_managed_nodes(graph, schedule) if forward[i]}
     kept = {k for i in managed if len(computes.get(i, ())) > 1 for k in nodes[i].inputs if forward[k] and k not in managed}
     packed = managed | {j for j, node in enumerate(nodes) if forward[j] and any(k in managed for k in node.inputs)}
     hooked: set[int] = set()
