@@ -34,7 +34,7 @@ from execute_cases import check_step
 
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
-FRACTION = 0.3  # of the way from the smallest footprint to checkpoint-all's peak
+FRACTION = 0.6  # of the way from the smallest footprint to checkpoint-all's peak (at 0.3 a compressed node's full backward workspace leaves compression nothing to win)
 
 
 def _conv_chain():
