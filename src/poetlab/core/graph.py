@@ -192,6 +192,15 @@ class TrainingGraph:
         return _readonly(np.array([min(int(full[i]), int(by_name.get(node.name, full[i]))) for i, node in enumerate(self.nodes)], dtype=np.int64))
 
     @cached_property
+    def view_bases(self) -> dict[int, frozenset[int]]:
+        """Per view node, the nodes whose storages its output views (``metadata["view_of"]``, written by
+        :func:`poetlab.torch.trace`): it owns none of their memory, which is freed, paged and recomputed with
+        them. Empty on the paper's graphs."""
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+        view_of = self.metadata.get("view_of") or {}
+        return {index[v]: frozenset(index[b] for b in bases) for v, bases in view_of.items() if v in index}
+
+    @cached_property
     def workspace_owner(self) -> np.ndarray:
         """Per node, the forward node whose treatment picks its workspace (:attr:`workspace_left_alone` where
         the schedule leaves that node alone, :attr:`workspace` otherwise), -1 where both are the same."""

@@ -354,9 +354,7 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
                 managed.add(i)
         elif op.kind is not OpKind.COMPUTE or len(computes[i]) > 1:
             managed.add(i)
-    names = {node.name: i for i, node in enumerate(nodes)}
-    view_of = graph.metadata.get("view_of") or {}
-    managed |= {names[b] for i in list(managed) for b in view_of.get(nodes[i].name, ()) if forward[names[b]]}  # type: ignore[union-attr]
+    managed |= {b for i in list(managed) for b in graph.view_bases.get(i, ()) if forward[b]}
     return frozenset(managed)
 
 

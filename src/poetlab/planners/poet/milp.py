@@ -379,10 +379,9 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         rows.terms(ids_step, R[t_idx, k_idx], w[k_idx])
     owner = graph.workspace_owner
     extra = graph.workspace.astype(float) - w
-    names = {n.name: i for i, n in enumerate(graph.nodes)}
-    view_of = graph.metadata.get("view_of") or {}
+    views = sorted(graph.view_bases.items())
     managed_by = {
-        int(f): (int(f), *(v for v, n in enumerate(graph.nodes) if not n.is_backward and f in {names[x] for x in view_of.get(n.name, ())}))  # type: ignore[union-attr]
+        int(f): (int(f), *(v for v, bases in views if not graph.nodes[v].is_backward and f in bases))
         for f in sorted(set(owner[owner >= 0].tolist()))
     }
     managed_index: dict[int, int] = {}

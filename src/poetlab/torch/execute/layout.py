@@ -168,7 +168,7 @@ def step_layout(module: nn.Module, graph: TrainingGraph, schedule: Schedule) -> 
         ),
         output_bytes=tuple(node.output_bytes for node in graph.nodes),
         has_pageouts=any(op.kind is OpKind.PAGE_OUT for op in schedule.ops),
-        bases=_bases(graph),
+        bases=graph.view_bases,
     )
     # the managed nodes whose first run builds no autograd graph: from then on they are no storages of the
     # step's (not managed, nothing packed for them); their reruns and backward pre-hooks stay (hooked, kept)
@@ -178,13 +178,6 @@ def step_layout(module: nn.Module, graph: TrainingGraph, schedule: Schedule) -> 
         packed = managed | {j for j, node in enumerate(graph.nodes) if j in packed and any(k in managed for k in node.inputs)}
         layout = replace(layout, graphless=graphless, managed=managed, packed=packed)
     return replace(layout, handover_candidates=handovers_of(layout), views_freed_with=_views_freed_with(layout))
-
-
-def _bases(graph: TrainingGraph) -> dict[int, frozenset[int]]:
-    """Per view node, the nodes whose storages it views (``metadata["view_of"]``, :func:`poetlab.torch.trace`)."""
-    index = {node.name: i for i, node in enumerate(graph.nodes)}
-    view_of = graph.metadata.get("view_of") or {}
-    return {index[v]: frozenset(index[b] for b in bases) for v, bases in view_of.items() if v in index}
 
 
 def _views_freed_with(layout: StepLayout) -> dict[int, tuple[int, ...]]:
