@@ -79,6 +79,12 @@ INTERVAL_MAX_S = 30.0
 #: its schedules pay where the starts are far from a segment rebuild, and elsewhere its share of the
 #: time is better spent by the stage relaxation and the windows (docs/solve.md, "Where `solve` runs it")
 INTERVAL_MIN_START_GAP = 0.05
+#: where the best start is that far above the bound already after the quick starts and the first repair, the
+#: stage relaxation is skipped and the interval relaxation runs at once with this share of the limit (at most
+#: ``INTERVAL_MAX_S``, less the second repair's share): there the stage relaxation's root took its 40% and
+#: proved nothing the interval relaxation does not, while the interval relaxation's schedules, repaired, are
+#: the ones that pay (docs/solve.md, NOTE 11)
+INTERVAL_FAR_SHARE = 0.5
 #: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
 #: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
 #: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
@@ -332,7 +338,9 @@ def solve(
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
 
-    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
+    again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
+    far_at_once = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
+    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
         lower_bound = max(lower_bound, relaxed.bound_j)
@@ -342,14 +350,18 @@ def solve(
     far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and far and not proven():
         remaining = started + time_limit_s - time.perf_counter()
-        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)))
+        if far_at_once:  # (the stage relaxation was skipped: its share, less what the second repair needs)
+            share = min(INTERVAL_FAR_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s)
+            log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
+        else:
+            share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
+        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
-        again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)
         start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
 
     model = None
