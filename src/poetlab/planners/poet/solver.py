@@ -9,13 +9,15 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else solve the stage relaxation (:mod:`poetlab.planners.poet.relaxation`) for a share of the
-   time limit: its bound joins the eviction bound, its solution made into a schedule joins the
-   starts, and a start within the gap of the better bound is optimal. Else, where the best start is
-   far above the bound, solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
+   optimal. Else, where the best start is near the bound, solve the stage relaxation
+   (:mod:`poetlab.planners.poet.relaxation`) for a share of the time limit: its bound joins the eviction
+   bound, its solution made into a schedule joins the starts, and a start within the gap of the better
+   bound is optimal. Where the best start is far above the bound (at once, or after the stage
+   relaxation raised it), solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
    budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
-   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`). Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`), the
+   relaxations' schedules that do not fit among them. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
    bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
