@@ -341,7 +341,8 @@ def solve(
     repaired_before = len(rejected)
 
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
-    far_at_once = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
+    # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
+    far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
