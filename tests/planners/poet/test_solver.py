@@ -13,7 +13,8 @@ from poetlab.errors import InvalidArgumentError, UnknownNameError
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.planners.poet.solver import QUICK_STARTS, solve
-from solve_checks import replays as _replays, setup as _setup
+from small_graphs import convnet
+from solve_checks import grid_instance, replays as _replays, setup as _setup
 
 
 def test_release_readme_instance():
@@ -198,3 +199,46 @@ def test_objective_is_scaled_for_the_solver():
     result = solve(graph, costs, 3800, 1.2, mip_gap=1e-6, threads=1)
     assert result.status == "optimal"
     assert result.energy_j == pytest.approx(0.00045595706026705, rel=1e-9)
+
+
+def _phases(caplog, graph, costs, options, factor, time_limit_s):
+    """``solve`` at one thread and a 0.1% gap, with the names of the relaxations that ran (from their log lines)."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="poetlab"):
+        result = solve(graph, costs, options.ram_budget_bytes, factor, time_limit_s=time_limit_s, threads=1, mip_gap=1e-3)
+    messages = [record.getMessage() for record in caplog.records]
+    ran = {name for name, mark in (("stage", "stage relaxation: "), ("interval", "interval bound (")) if any(m.startswith(mark) for m in messages)}
+    return result, ran, messages
+
+
+def test_far_from_the_bound_the_interval_relaxation_runs_first_and_the_stage_relaxation_not(caplog):
+    """A four-layer conv chain on the M4 at its smallest footprint, 2x: after the quick starts and the first
+    repair the best start is 40% above the eviction bound. There the stage relaxation is skipped (its root
+    proved nothing on the paper models' rows like it, docs/solve.md NOTE 11) and the interval relaxation runs at
+    once; here it proves the best start optimal."""
+    graph, costs, options, replay, _ = grid_instance(convnet(depth=4), "m4", 0.0, 2.0)
+    result, ran, messages = _phases(caplog, graph, costs, options, 2.0, 6)
+    assert any("the interval relaxation first" in m for m in messages)
+    assert ran == {"interval"}
+    assert result.status == "optimal" and result.energy_j == pytest.approx(replay(result.schedule).energy_j)
+
+
+def test_near_the_bound_the_stage_relaxation_still_runs_first(caplog):
+    """vgg16_cifar on the M4 at 10%, 1.05x: the best start is 0.2% above the eviction bound, so the order is
+    as before (the stage relaxation, which proves the optimum there, 1.002075 plain steps)."""
+    graph, costs, options, _, _ = grid_instance("vgg16_cifar", "m4", 0.1, 1.05)
+    result, ran, messages = _phases(caplog, graph, costs, options, 1.05, 30)
+    assert "stage" in ran and not any("the interval relaxation first" in m for m in messages)
+    assert result.status == "optimal"
+
+
+@pytest.mark.slow
+def test_the_interval_relaxations_schedules_repaired_at_the_smallest_footprint():
+    """resnet18_cifar on the M4 at its smallest footprint (Fig. 3's tightest budget), 2x, 10 s: the interval
+    relaxation's schedules (over RAM inside a stage's recomputation) repaired with the ejection chains come
+    below 1.45 plain steps, where the stage relaxation first left no time for them (1.531-1.540, the quick
+    starts' cover). Replayed within both budgets, never below the bound."""
+    graph, costs, options, replay, _ = grid_instance("resnet18_cifar", "m4", 0.0, 2.0)
+    result = solve(graph, costs, options.ram_budget_bytes, 2.0, time_limit_s=10, threads=1, mip_gap=1e-3)
+    assert result.energy_j == pytest.approx(replay(result.schedule).energy_j)
+    assert result.bound_j <= result.energy_j < 1.45 * costs.plain_step_energy_j

@@ -9,13 +9,15 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else solve the stage relaxation (:mod:`poetlab.planners.poet.relaxation`) for a share of the
-   time limit: its bound joins the eviction bound, its solution made into a schedule joins the
-   starts, and a start within the gap of the better bound is optimal. Else, where the best start is
-   far above the bound, solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
+   optimal. Else, where the best start is near the bound, solve the stage relaxation
+   (:mod:`poetlab.planners.poet.relaxation`) for a share of the time limit: its bound joins the eviction
+   bound, its solution made into a schedule joins the starts, and a start within the gap of the better
+   bound is optimal. Where the best start is far above the bound (at once, or after the stage
+   relaxation raised it), solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
    budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
-   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`). Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
+   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`), the
+   relaxations' schedules that do not fit among them. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
    and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
    bound's covers) so
    that a solve stopped by its time limit still has a valid schedule, never worse than those. The
@@ -79,6 +81,12 @@ INTERVAL_MAX_S = 30.0
 #: its schedules pay where the starts are far from a segment rebuild, and elsewhere its share of the
 #: time is better spent by the stage relaxation and the windows (docs/solve.md, "Where `solve` runs it")
 INTERVAL_MIN_START_GAP = 0.05
+#: where the best start is that far above the bound already after the quick starts and the first repair, the
+#: stage relaxation is skipped and the interval relaxation runs at once with this share of the limit (at most
+#: ``INTERVAL_MAX_S``, less the second repair's share): there the stage relaxation's root took its 40% and
+#: proved nothing the interval relaxation does not, while the interval relaxation's schedules, repaired, are
+#: the ones that pay (docs/solve.md, NOTE 11)
+INTERVAL_FAR_SHARE = 0.5
 #: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
 #: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
 #: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
@@ -332,7 +340,10 @@ def solve(
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
 
-    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not proven():
+    again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
+    # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
+    far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
+    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
         lower_bound = max(lower_bound, relaxed.bound_j)
@@ -342,14 +353,18 @@ def solve(
     far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and far and not proven():
         remaining = started + time_limit_s - time.perf_counter()
-        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)))
+        if far_at_once:  # (the stage relaxation was skipped: its share, less what the second repair needs)
+            share = min(INTERVAL_FAR_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s)
+            log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
+        else:
+            share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
+        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
-        again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)
         start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
 
     model = None
