@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from poetlab import build_paper_graph
-from poetlab.core.schedule import InvalidScheduleError, simulate
+from poetlab.core.schedule import InvalidScheduleError, Schedule, simulate
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.bounds import eviction_bound
-from poetlab.planners.poet.intervals import interval_bound, interval_start
+from poetlab.planners.poet.intervals import interval_bound, interval_start, interval_value
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 
 from bound_cases import GRAPHS, LEVERS, OTHERS, QUICK, setup
@@ -143,3 +143,27 @@ def test_interval_bound_certifies_vgg16_cifar_where_the_eviction_bound_leaves_a_
     assert found.bound_j > eviction_bound(graph, costs, options) * (1 + 1e-5)
     sim = simulate(found.schedule, graph, costs, ram_budget_bytes=budget, runtime_budget_s=1.05 * costs.plain_step_runtime_s)
     assert sim.energy_j == pytest.approx(found.bound_j, rel=1e-6)
+
+
+MAPPED_SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in [(model, platform, 0.0, levers) for model, platform, levers in SMALLEST] + OTHERS]
+
+
+@pytest.mark.parametrize("model,platform,fraction,levers", QUICK + MAPPED_SLOW)
+def test_an_exact_optimum_is_a_point_of_the_relaxation_at_no_more_than_its_energy(model, platform, fraction, levers):
+    """NOTE 5, 7 and 8's map (NOTE 10), checked on POET's exact optima: the schedule's point meets every row of the
+    relaxation (idle-gap and kept-through rows included) at no more than the schedule's energy."""
+    levers = LEVERS[levers]
+    graph = GRAPHS[model]()
+    costs, peak, footprint = setup(graph, platform)
+    extra = 2 * graph.param_bytes if levers.get("params_in_budget") else 0
+    options = MilpOptions(ram_budget_bytes=int(footprint + fraction * (peak - footprint)) + extra, runtime_budget_factor=1.2, **levers)
+    milp = build_milp(graph, costs, options)
+    exact = run_milp(milp, solver="highs", mip_gap=1e-7, threads=1, time_limit_s=120)
+    if exact.status == "infeasible":
+        return
+    assert exact.status == "optimal" and exact.x is not None
+    m = milp.decode(exact.x)
+    schedule = Schedule.from_matrices(graph, m["R"], m["S_RAM"], m.get("S_SSD"), m.get("M_IN"), m.get("M_OUT"), prefetch=options.charge_pagein)
+    energy = simulate(schedule, graph, costs).energy_j
+    value = interval_value(graph, costs, options, schedule)
+    assert value is not None and costs.plain_step_energy_j <= value <= energy * (1 + 1e-9)

@@ -95,5 +95,5 @@ def with_gap_rows(graph: TrainingGraph, problem: Problem) -> Problem:
     return replace(
         problem, cost=np.concatenate([problem.cost, zeros]), upper=np.concatenate([problem.upper, zeros + 1.0]), A=A,
         row_lower=np.concatenate([problem.row_lower, lower]), row_upper=np.concatenate([problem.row_upper, upper]),
-        runtime=None if problem.runtime is None else np.concatenate([problem.runtime, zeros]),
+        runtime=None if problem.runtime is None else np.concatenate([problem.runtime, zeros]), gaps=first,
     )
