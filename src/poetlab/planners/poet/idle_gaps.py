@@ -32,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.rows import SparseRows
 
 Problem = TypeVar("Problem")
 
@@ -67,33 +68,21 @@ def with_gap_rows(graph: TrainingGraph, problem: Problem) -> Problem:
     nz = len(first)
     zr = n0 + np.arange(nz)
     zp = n0 + nz + np.arange(nz)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-    upper: list[float] = []
-
-    def row(columns: list[int], values: list[float], lo: float, hi: float) -> None:
-        rows.extend([len(lower)] * len(columns))
-        cols.extend(columns)
-        vals.extend(values)
-        lower.append(lo)
-        upper.append(hi)
-
+    rows = SparseRows()
     for a, j, g in live:  # not held across t_a: regenerated before the use that ends the gap
-        row([int(zr[g]), int(zp[g]), H[a][j]], [1.0, 1.0, 1.0], 1.0, np.inf)
+        rows.row([int(zr[g]), int(zp[g]), H[a][j]], [1.0, 1.0, 1.0], 1.0, np.inf)
     for g, ((j, u), a0) in enumerate(first.items()):  # gaps in the order of their columns
         # interval a: recomputations in stages t_a + 1 .. t_{a+1}, page-ins in t_a .. t_{a+1} - 1
         recomputes = [RC[a][j] for a in range(a0, m) if stages[a] < u and j in RC[a]]
         pageins = [PG[a][j] for a in range(a0, m) if stages[a] <= u - 1 and j in PG[a]]
-        row([int(zr[g]), *recomputes], [1.0] + [-1.0] * len(recomputes), -np.inf, 0.0)
-        row([int(zp[g]), *pageins], [1.0] + [-1.0] * len(pageins), -np.inf, 0.0)
-        row([int(zp[g]), j], [1.0, -1.0], -np.inf, 0.0)  # column j is O[j], paged out at least once
-    extra = sp.csr_matrix((vals, (rows, cols)), shape=(len(lower), n0 + 2 * nz))
+        rows.row([int(zr[g]), *recomputes], [1.0] + [-1.0] * len(recomputes), -np.inf, 0.0)
+        rows.row([int(zp[g]), *pageins], [1.0] + [-1.0] * len(pageins), -np.inf, 0.0)
+        rows.row([int(zp[g]), j], [1.0, -1.0], -np.inf, 0.0)  # column j is O[j], paged out at least once
+    extra = rows.matrix(n0 + 2 * nz)
     A = sp.vstack([sp.hstack([problem.A, sp.csr_matrix((problem.A.shape[0], 2 * nz))]), extra]).tocsr()
     zeros = np.zeros(2 * nz)
     return replace(
         problem, cost=np.concatenate([problem.cost, zeros]), upper=np.concatenate([problem.upper, zeros + 1.0]), A=A,
-        row_lower=np.concatenate([problem.row_lower, lower]), row_upper=np.concatenate([problem.row_upper, upper]),
+        row_lower=np.concatenate([problem.row_lower, rows.lower]), row_upper=np.concatenate([problem.row_upper, rows.upper]),
         runtime=None if problem.runtime is None else np.concatenate([problem.runtime, zeros]), gaps=first,
     )

@@ -46,6 +46,7 @@ from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.poet.bounds import eviction_demands
 from poetlab.planners.poet.idle_gaps import with_gap_rows
 from poetlab.planners.poet.milp import MilpOptions
+from poetlab.planners.poet.rows import SparseRows
 from poetlab.core.schedule import Schedule
 
 log = logging.getLogger("poetlab.bounds")
@@ -88,33 +89,6 @@ class _Problem:
     gaps: dict[tuple[int, int], int] | None = None
 
 
-class _Builder:
-    def __init__(self) -> None:
-        self.n_cols = 0
-        self.rows: list[np.ndarray] = []
-        self.cols: list[np.ndarray] = []
-        self.vals: list[np.ndarray] = []
-        self.lower: list[float] = []
-        self.upper: list[float] = []
-
-    def columns(self, count: int) -> np.ndarray:
-        ids = np.arange(self.n_cols, self.n_cols + count)
-        self.n_cols += count
-        return ids
-
-    def row(self, cols, vals, lower: float, upper: float) -> None:
-        cols = np.asarray(cols, dtype=np.int64)
-        keep = cols >= 0
-        self.rows.append(np.full(int(keep.sum()), len(self.lower)))
-        self.cols.append(cols[keep])
-        self.vals.append(np.broadcast_to(np.asarray(vals, dtype=float), cols.shape)[keep])
-        self.lower.append(lower)
-        self.upper.append(upper)
-
-    def matrix(self) -> sp.csr_matrix:
-        return sp.csr_matrix((np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))), shape=(len(self.lower), self.n_cols))
-
-
 def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_rows: bool = True) -> _Problem | None:
     fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes
     budget = float(options.ram_budget_bytes) - fixed
@@ -151,8 +125,9 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
                         queue.append(j)
         tracked[a] = sorted(seen)
         later = seen
-    out = _Builder()
-    out_col = out.columns(T)  # paged out at least once
+    rows = SparseRows()
+    out_col = np.arange(T)  # paged out at least once
+    n_cols = T
     col_cost = [costs.pageout_energy_j]
     col_upper = [can_page.astype(float)]
     col_time = [costs.pageout_time_s if options.count_paging_time else np.zeros(T)]
@@ -162,7 +137,8 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
     for a in range(m):
         X = np.array(tracked[a], dtype=np.int64)
         n = X.size
-        h, rc, pg = out.columns(n), out.columns(n), out.columns(n)
+        h, rc, pg = np.arange(n_cols, n_cols + 3 * n).reshape(3, n)
+        n_cols += 3 * n
         H.append(dict(zip(X.tolist(), h.tolist())))
         RC.append({j: c for j, c, ok in zip(X.tolist(), rc.tolist(), can_recompute[X]) if ok})
         PG.append({j: c for j, c, ok in zip(X.tolist(), pg.tolist(), can_page[X]) if ok})
@@ -177,29 +153,29 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
             return [H[a][j], RC[a].get(j, -1), PG[a].get(j, -1)]
 
         X = tracked[a]
-        out.row([H[a][j] for j in X], b[X], -np.inf, rooms[a])  # stage t's memory at the end of its computation
+        rows.row([H[a][j] for j in X], b[X], -np.inf, rooms[a])  # stage t's memory at the end of its computation
         for j in X:
             if any(t < k <= end for k in graph.consumers[j]):  # read in interval a
-                out.row(present(j), 1.0, 1.0, np.inf)
+                rows.row(present(j), 1.0, 1.0, np.inf)
             if a + 1 < m and j in H[a + 1]:  # held at the next row stage: in RAM at its start, so present in interval a
-                out.row([H[a + 1][j], *present(j)], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
+                rows.row([H[a + 1][j], *present(j)], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
             if j in PG[a]:
-                out.row([PG[a][j], out_col[j]], [1.0, -1.0], -np.inf, 0.0)
+                rows.row([PG[a][j], out_col[j]], [1.0, -1.0], -np.inf, 0.0)
         for i, column in RC[a].items():  # a recomputation in interval a needs its inputs there
             for j in inputs[i]:
                 if j in H[a]:
-                    out.row([*present(j), column], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
+                    rows.row([*present(j), column], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
     if kept_rows:
-        _kept_through(out, stages, H, RC, PG, T)
+        _kept_through(rows, stages, H, RC, PG, T)
     return _Problem(
         stages=stages, tracked=tracked, H=H, RC=RC, PG=PG, cost=np.concatenate(col_cost) / costs.plain_step_energy_j,
-        upper=np.concatenate(col_upper), A=out.matrix(), row_lower=np.array(out.lower), row_upper=np.array(out.upper),
+        upper=np.concatenate(col_upper), A=rows.matrix(n_cols), row_lower=rows.lower, row_upper=rows.upper,
         runtime=None if options.runtime_budget_factor is None else np.concatenate(col_time),
         slack_s=0.0 if options.runtime_budget_factor is None else (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s,
     )
 
 
-def _kept_through(out: _Builder, stages: list[int], H: list[dict[int, int]], RC: list[dict[int, int]], PG: list[dict[int, int]], T: int) -> None:
+def _kept_through(rows: SparseRows, stages: list[int], H: list[dict[int, int]], RC: list[dict[int, int]], PG: list[dict[int, int]], T: int) -> None:
     """The kept-through rows (NOTE 8 in docs/solve.md). Where intervals a and a + 1 are the single stages s and
     s + 1 (row stages t_a = s - 1, t_{a+1} = s, t_{a+2} = s + 1), a tensor j in RAM in stage s (kept into it:
     H[j, a]; paged in during stage s - 1: PG[j, a]; recomputed in it: RC[j, a]) and paged in during stage s for
@@ -217,7 +193,7 @@ def _kept_through(out: _Builder, stages: list[int], H: list[dict[int, int]], RC:
             if j in H[a]:
                 for source in (H[a][j], PG[a].get(j, -1), RC[a].get(j, -1)):
                     if source >= 0:
-                        out.row([source, column, H[a + 1][j]], [1.0, 1.0, -1.0], -np.inf, 1.0)
+                        rows.row([source, column, H[a + 1][j]], [1.0, 1.0, -1.0], -np.inf, 1.0)
 
 
 def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6, gap_rows: bool = False, integral: bool = True, kept_rows: bool = True) -> IntervalBound:

@@ -50,6 +50,7 @@ import scipy.sparse as sp
 from poetlab.core.costs import CostModel
 from poetlab.errors import InvalidArgumentError
 from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.rows import SparseRows
 
 
 @dataclass(frozen=True)
@@ -212,32 +213,6 @@ class _Columns:
         return index
 
 
-class _Rows:
-    def __init__(self) -> None:
-        self.n = 0
-        self.lower: list[np.ndarray] = []
-        self.upper: list[np.ndarray] = []
-        self.rows: list[np.ndarray] = []
-        self.cols: list[np.ndarray] = []
-        self.vals: list[np.ndarray] = []
-
-    def new(self, count: int, lower: float | np.ndarray, upper: float | np.ndarray) -> np.ndarray:
-        ids = np.arange(self.n, self.n + count)
-        self.n += count
-        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=float), (count,)).copy())
-        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=float), (count,)).copy())
-        return ids
-
-    def terms(self, rows: np.ndarray, cols: np.ndarray, vals: float | np.ndarray) -> None:
-        """Add ``vals`` at (rows, cols); entries whose column is -1 (a variable fixed to zero) vanish."""
-        rows, cols = np.broadcast_arrays(rows, cols)
-        vals = np.broadcast_to(np.asarray(vals, dtype=float), rows.shape)
-        keep = cols >= 0
-        self.rows.append(rows[keep].ravel())
-        self.cols.append(cols[keep].ravel())
-        self.vals.append(vals[keep].ravel())
-
-
 def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> MilpModel:
     """The POET MILP of ``graph`` with ``costs`` under ``options``."""
     T = graph.n_nodes
@@ -276,7 +251,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     free_mask = (dst[None, :] <= stage) & (R[:, dst] >= 0)
     FREE = cols.add(free_mask, 0.0, 1.0, True)
 
-    rows = _Rows()
+    rows = SparseRows()
     INF = np.inf
 
     # (1) a node computed in stage t has its inputs in RAM: R[t, v] <= R[t, u] + S_RAM[t, u]
@@ -421,17 +396,13 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
             rows.terms(np.zeros_like(t_idx) + ids[0], M_CMP[t_idx, i_idx], compression.compress_time_s[i_idx])
             rows.terms(np.zeros_like(t_idx) + ids[0], M_DCMP[t_idx, i_idx], compression.decompress_time_s[i_idx])
 
-    A = sp.csr_matrix(
-        (np.concatenate(rows.vals), (np.concatenate(rows.rows), np.concatenate(rows.cols))),
-        shape=(rows.n, cols.n),
-    )
-    A.sum_duplicates()
+    A = rows.matrix(cols.n)
     A.eliminate_zeros()  # (a node of zero flop has a zero runtime coefficient)
     return MilpModel(
         c=np.concatenate(cols.cost),
         A=A,
-        row_lower=np.concatenate(rows.lower),
-        row_upper=np.concatenate(rows.upper),
+        row_lower=rows.lower,
+        row_upper=rows.upper,
         col_lower=np.concatenate(cols.lower),
         col_upper=np.concatenate(cols.upper),
         integer=np.concatenate(cols.integer),

@@ -44,6 +44,7 @@ from poetlab.core.schedule import Schedule
 from poetlab.planners.heuristics import minimal_recompute
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.milp import MilpModel, MilpOptions
+from poetlab.planners.poet.rows import SparseRows
 
 log = logging.getLogger("poetlab.relaxation")
 
@@ -68,32 +69,6 @@ def _pairs(T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return i, t, index
 
 
-class _Rows:
-    def __init__(self) -> None:
-        self.n = 0
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self.lower: list[np.ndarray] = []
-        self.upper: list[np.ndarray] = []
-
-    def add(self, count: int, lower, upper) -> np.ndarray:
-        ids = np.arange(self.n, self.n + count)
-        self.n += count
-        self.lower.append(np.broadcast_to(np.asarray(lower, dtype=float), (count,)))
-        self.upper.append(np.broadcast_to(np.asarray(upper, dtype=float), (count,)))
-        return ids
-
-    def terms(self, rows, cols, vals) -> None:
-        rows, cols, vals = np.broadcast_arrays(np.asarray(rows), np.asarray(cols), np.asarray(vals, dtype=float))
-        keep = cols >= 0
-        self.parts.append((rows[keep].ravel(), cols[keep].ravel(), vals[keep].ravel()))
-
-    def matrix(self, n_cols: int) -> sp.csr_matrix:
-        rows, cols, vals = (np.concatenate(x) for x in zip(*self.parts))
-        A = sp.csr_matrix((vals, (rows, cols)), shape=(self.n, n_cols))
-        A.sum_duplicates()
-        return A
-
-
 def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOptions):
     """(c, A, row_lower, row_upper, col_upper, index) of the stage relaxation, objective in plain steps
     (the constant one plain step left out); ``index`` maps "K", "R", "I" to T x T column indices
@@ -116,46 +91,46 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
         (movable & options.paging).astype(float),
         np.ones(n),
     ])
-    rows = _Rows()
+    rows = SparseRows()
     inf = np.inf
     # K[i, t + 1] <= K[i, t] + R[i, t] + I[i, t]  and  I[i, t] <= K[i, t + 1], for i < t < T - 1
     i, t = pi[pt < T - 1], pt[pt < T - 1]
-    ids = rows.add(i.size, -inf, 0.0)
+    ids = rows.new(i.size, -inf, 0.0)
     rows.terms(ids, K[i, t + 1], 1.0)
     for family in (K, R, I):
         rows.terms(ids, family[i, t], -1.0)
-    ids = rows.add(i.size, -inf, 0.0)
+    ids = rows.new(i.size, -inf, 0.0)
     rows.terms(ids, I[i, t], 1.0)
     rows.terms(ids, K[i, t + 1], -1.0)
-    ids = rows.add(i.size, -inf, 1.0)  # I[i, t] + K[i, t] <= 1: no page-in of what is in RAM at the stage start
+    ids = rows.new(i.size, -inf, 1.0)  # I[i, t] + K[i, t] <= 1: no page-in of what is in RAM at the stage start
     rows.terms(ids, I[i, t], 1.0)
     rows.terms(ids, K[i, t], 1.0)
     # a page-in follows a page-out of a tensor in RAM at an earlier stage start: I[i, t] <= Z[i, t - 1],
     # Z[i, t] <= Z[i, t - 1] + K[i, t]
-    ids = rows.add(n, -inf, 0.0)
+    ids = rows.new(n, -inf, 0.0)
     rows.terms(ids, I[pi, pt], 1.0)
     rows.terms(ids, Z[pi, pt - 1], -1.0)
-    ids = rows.add(n, -inf, 0.0)
+    ids = rows.new(n, -inf, 0.0)
     rows.terms(ids, Z[pi, pt], 1.0)
     rows.terms(ids, Z[pi, pt - 1], -1.0)
     rows.terms(ids, K[pi, pt], -1.0)
     # I[i, t] <= O[i]
-    ids = rows.add(n, -inf, 0.0)
+    ids = rows.new(n, -inf, 0.0)
     rows.terms(ids, I[pi, pt], 1.0)
     rows.terms(ids, O[pi], -1.0)
     # inputs: node t's in stage t, and a recomputed node's
     edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
     u, v = edges[:, 0], edges[:, 1]
-    ids = rows.add(len(edges), 1.0, inf)
+    ids = rows.new(len(edges), 1.0, inf)
     rows.terms(ids, K[u, v], 1.0)
     rows.terms(ids, R[u, v], 1.0)
     e, t = np.nonzero(v[:, None] < np.arange(T)[None, :])
-    ids = rows.add(e.size, -inf, 0.0)
+    ids = rows.new(e.size, -inf, 0.0)
     rows.terms(ids, R[v[e], t], 1.0)
     rows.terms(ids, K[u[e], t], -1.0)
     rows.terms(ids, R[u[e], t], -1.0)
     # RAM at the start of stage t >= 1: what K carries in (with node 0 if it is recomputed first)
-    ids = rows.add(T - 1, -inf, budget)
+    ids = rows.new(T - 1, -inf, budget)
     rows.terms(ids[pt - 1], K[pi, pt], b[pi])
     rows.terms(ids, R[0, 1:], b[0])
     if options.charge_pagein:
@@ -166,7 +141,7 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
     is_input = np.zeros((T, T), dtype=bool)  # [tensor, stage]
     is_input[u, v] = True
     room = budget - b[stages] - (is_input[:, stages] * b[:, None]).sum(axis=0)
-    ids = rows.add(stages.size, -inf, room)
+    ids = rows.new(stages.size, -inf, room)
     sel = (pt < T - 1) & ~is_input[pi, pt]
     i, t = pi[sel], pt[sel]
     rows.terms(ids[t - 1], K[i, t + 1], b[i])
@@ -174,13 +149,13 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
         rows.terms(ids[t - 1], I[i, t], -b[i])
     if options.runtime_budget_factor is not None:
         slack = (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s
-        ids = rows.add(1, -inf, slack)
+        ids = rows.new(1, -inf, slack)
         rows.terms(np.full(n, ids[0]), R[pi, pt], costs.recompute_runtime_s[pi])
         if options.count_paging_time:
             rows.terms(np.full(n, ids[0]), I[pi, pt], costs.pagein_time_s[pi])
             rows.terms(np.full(T, ids[0]), O, costs.pageout_time_s)
     A = rows.matrix(4 * n + T)
-    return c, A, np.concatenate(rows.lower), np.concatenate(rows.upper), col_upper, {"K": K, "R": R, "I": I, "O": O, "Z": Z}
+    return c, A, rows.lower, rows.upper, col_upper, {"K": K, "R": R, "I": I, "O": O, "Z": Z}
 
 
 def relaxation_point(graph: TrainingGraph, matrices: dict[str, np.ndarray], index: dict[str, np.ndarray]) -> np.ndarray:
