@@ -137,3 +137,25 @@ def test_ejection_chains_improve_dtr_on_bert_m4_at_half_budget(monkeypatch):
     assert eviction_bound(graph, costs, options) <= after < 1.0185 * costs.plain_step_energy_j < before
     monkeypatch.setattr("poetlab.planners.poet.repair.HOLD_TRIES", 0)
     assert replay(repair(graph, costs, start, budgets, time_limit_s=10)).energy_j == pytest.approx(before, rel=1e-9)
+
+
+@pytest.mark.parametrize("depth,fraction,factor", [(4, 0.0, 2.0), pytest.param(4, 0.05, 1.2, marks=pytest.mark.slow)])
+def test_the_interval_relaxations_schedule_over_ram_is_repaired_by_pairs_of_changes(depth, fraction, factor, monkeypatch):
+    """A four-layer conv chain on the M4 at (near) its smallest footprint: the interval relaxation's optimal solution
+    (solved exactly, so the same every run) made into a schedule is over RAM inside a stage, where a tensor
+    recomputed from one kept for the next stage needs both at once. No single over-RAM change lowers the
+    bytes over the budget there; a pair does (NOTE 12): the repair brings it within both budgets, never below
+    POET's optimum. Without pairs it cannot."""
+    from poetlab.planners.poet.intervals import interval_bound
+
+    graph, costs, options, replay, budgets = grid_instance(convnet(depth=depth), "m4", fraction, factor)
+    relaxed = interval_bound(graph, costs, options, time_limit_s=30, kept_rows=False)
+    assert relaxed.optimal
+    with pytest.raises(InvalidScheduleError):
+        replay(relaxed.schedule)
+    repaired = repair(graph, costs, relaxed.schedule, budgets, time_limit_s=5)
+    assert repaired is not None
+    optimum = _optimum(graph, costs, options)
+    assert optimum * (1 - 1e-7) <= replay(repaired).energy_j
+    monkeypatch.setattr("poetlab.planners.poet.repair.PAIR_TRIES", 0)  # single changes only
+    assert repair(graph, costs, relaxed.schedule, budgets, time_limit_s=5) is None

@@ -14,7 +14,10 @@ interval at a time, and every change is rebuilt and replayed by the simulator:
 - over RAM at a stage: a tensor that idles across it leaves RAM for the idle interval, paged out and
   in or recomputed where next read, or a tensor recomputed in it is paged in instead (its inputs then
   need no RAM there), the most bytes per joule first (a carry that nothing reads later is dropped for
-  free);
+  free); where no single such change lowers the bytes over the budget, a pair of them that does (at a budget
+  with no slack, a tensor recomputed in a stage from one kept for the next is paged in instead, and only
+  then can the other leave RAM over that stage: the interval relaxation's schedules at the smallest
+  footprint; docs/solve.md, NOTE 12);
 - within both budgets: a page-in becomes a recomputation, or a recomputation a page-in, wherever that
   is cheaper and both budgets still hold (on the M4 a recomputation costs far less energy than paging,
   up to the runtime budget), the cheapest first, until no single change pays;
@@ -49,6 +52,8 @@ TRIES_PER_STEP = 25
 #: most energy saved first, and the over-RAM changes each may take to make room again (:func:`_eject`)
 HOLD_TRIES = 40
 EJECT_STEPS = 12
+#: over RAM where no single change helps: the first changes tried as the first of a pair (:func:`_two_memory_moves`)
+PAIR_TRIES = 8
 
 
 @dataclass(frozen=True)
@@ -362,6 +367,26 @@ def _eject(state: _State, deadline: float) -> tuple[_State, tuple[float, np.ndar
     return None
 
 
+def _two_memory_moves(state: _State, measured: tuple[float, np.ndarray], deadline: float) -> tuple[_State, tuple[float, np.ndarray]] | None:
+    """Two over-RAM changes that lower the bytes over the budget together where neither does alone, or None:
+    each of the first ``PAIR_TRIES`` changes at the first stage over the budget, then each change at the first
+    stage over the budget after it. (At a budget with no slack, a tensor recomputed in a stage from one kept
+    for the next stage is paged in instead, and only then can the other tensor leave RAM over that stage.)"""
+    for tried, first in enumerate(_memory_moves(state, measured[1])):
+        if tried >= PAIR_TRIES or time.perf_counter() > deadline:
+            return None
+        middle = first.excess()
+        if middle is None or middle[0] <= 0:
+            continue
+        for tries, second in enumerate(_memory_moves(first, middle[1])):
+            if tries >= TRIES_PER_STEP or time.perf_counter() > deadline:
+                break
+            after = second.excess()
+            if after is not None and after[0] < measured[0]:
+                return second, after
+    return None
+
+
 def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: Budgets, time_limit_s: float = 5.0, chains: bool = True) -> Schedule | None:
     """``schedule`` changed, one tensor interval at a time, until it fits ``budgets`` (first RAM, then
     runtime), then made cheaper while single changes pay and, with ``chains``, while an ejection chain
@@ -403,6 +428,12 @@ def repair(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budgets: 
                 state, measured, accepted = new, after, True
                 steps += 1
                 break
+        if not accepted and excess > 0:  # no single change lowers the bytes over: two that do together
+            paired = _two_memory_moves(state, measured, deadline)
+            if paired is not None:
+                state, measured = paired
+                steps += 2
+                continue
         if not accepted and chains and excess <= 0 and not runtime_over:
             ejected = _eject(state, deadline)
             if ejected is not None:
