@@ -1,4 +1,5 @@
-"""A module called twice: one shared residual MLP block applied two times (weights shared across depth)."""
+"""A module called twice: one shared residual MLP block applied two times (weights shared across depth), after a
+two-layer stem."""
 
 import torch
 from torch import nn
@@ -7,7 +8,7 @@ from torch import nn
 class Shared(nn.Module):
     def __init__(self, width: int = 64, classes: int = 4):
         super().__init__()
-        self.stem = nn.Linear(32, width)
+        self.stem = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width))
         self.block = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Dropout(0.1))
         self.head = nn.Linear(width, classes)
 

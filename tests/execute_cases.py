@@ -30,6 +30,7 @@ import poetlab.torch.execute
 from poetlab.torch.execute import ScheduleExecutor, memory_allowance_bytes
 from poetlab.torch.execute import state as execute_state
 from poetlab.torch.execute.step import StepRun
+from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import OpKind, checkpoint_all_schedule, simulate
 from poetlab.torch.models import MobileNetV2, ResNet18, build_torch_model
 from poetlab.torch.trace import trace as _trace
@@ -126,12 +127,12 @@ def check_step(name, fuse, schedule, graph, costs, module, inputs, targets, **op
             specification = results[1]
         result = results[0]
         assert [getattr(result, f) for f in SAME_AS_REFERENCE] == [getattr(specification, f) for f in SAME_AS_REFERENCE]
-        check_counts(schedule, graph, module, result, predicted)
+        check_counts(schedule, graph, module, result, predicted, costs)
     assert executor.plan.learnt and not reference.plan.learnt and not reference.plan.segments
     return replace(result, predicted=predicted)
 
 
-def check_counts(schedule, graph, module, result, predicted):
+def check_counts(schedule, graph, module, result, predicted, costs):
     assert result.n_unplanned == 0
     # every planned operation on a tensor of the step was carried out: no planner may page or recompute a
     # gradient of a traced graph (TrainingGraph.pinned); the caller's batch stays the caller's (its frees
@@ -142,7 +143,11 @@ def check_counts(schedule, graph, module, result, predicted):
     assert result.n_pageouts == predicted.n_pageouts - sum(op.kind is OpKind.PAGE_OUT and op.node in batch for op in schedule.ops)
     assert result.n_skipped_ops == sum(op.kind in (OpKind.FREE, OpKind.PAGE_OUT, OpKind.PAGE_IN) and op.node in batch for op in schedule.ops)
     # (the executor plans the tensors; the simulator adds each computing node's workspace: graph.workspace)
-    tensors_peak = int(max((used - (int(graph.workspace[op.node]) if op.kind is OpKind.COMPUTE else 0) for used, op in zip(predicted.memory_trace_bytes, schedule.ops, strict=True)), default=0))
+    # (and counts each node whole to its free, where the simulator lets a left-alone node's output go before
+    # what autograd saved inside it, as PyTorch does: TrainingGraph.early_release)
+    whole = TrainingGraph(graph.name, graph.nodes, {**graph.metadata, "saved_internal_only": {}})
+    planned = simulate(schedule, whole, costs) if graph.early_release else predicted
+    tensors_peak = int(max((used - (int(graph.workspace[op.node]) if op.kind is OpKind.COMPUTE else 0) for used, op in zip(planned.memory_trace_bytes, schedule.ops, strict=True)), default=0))
     if predicted.n_compresses:  # compressed copies at their real size, the simulator's at a margined density
         assert result.planned_peak_bytes <= tensors_peak
     else:
@@ -154,7 +159,12 @@ def check_counts(schedule, graph, module, result, predicted):
 
 
 def full_peak(graph, costs) -> int:
-    return simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    """Checkpoint-all's simulated peak with each node counted whole to its free: the scale of these tests'
+    budgets. (The simulator lets a left-alone node's output go before what autograd saved inside it,
+    ``TrainingGraph.early_release``: on the small encoder that leaves 2% between checkpoint-all's peak and
+    the largest single-node footprint, where these fractions were written for the whole count.)"""
+    whole = TrainingGraph(graph.name, graph.nodes, {**graph.metadata, "saved_internal_only": {}})
+    return simulate(checkpoint_all_schedule(whole), whole, costs).peak_ram_bytes
 
 
 def sync_norms(module: nn.Module) -> nn.Module:

@@ -160,3 +160,46 @@ def test_a_schedule_round_trips_through_its_file(tmp_path):
         assert str(tmp_path / "bad.json") in str(caught.value) and "\n" not in str(caught.value), what
     with pytest.raises(ScheduleFileError, match="cannot read"):
         Schedule.load(tmp_path / "missing.json")
+
+
+def _dropout_chain(release: bool = True):
+    """x -> a (linear) -> d (dropout: 100 B output, 50 B mask) -> h (linear, saves d) -> loss, then gradients; the
+    dropout's backward reads its mask only (``metadata["saved_internal_only"]``, as ``poetlab.torch.trace`` records it)."""
+    from poetlab.core.graph import Node, TrainingGraph
+
+    nodes = [
+        Node("x", "input", (), (1,), 0, 0.0), Node("a", "Linear", (0,), (1,), 100, 1.0), Node("d", "Dropout", (1,), (1,), 150, 1.0),
+        Node("h", "Linear", (2,), (1,), 100, 1.0), Node("loss", "loss", (3,), (), 4, 1.0),
+        Node("grad:loss", "backward", (4,), (), 4, 1.0, is_backward=True), Node("grad:h", "backward", (5, 2), (1,), 100, 1.0, is_backward=True),
+        Node("grad:d", "backward", (6, 2), (1,), 100, 1.0, is_backward=True), Node("grad:a", "backward", (7, 0), (1,), 0, 1.0, is_backward=True),
+    ]
+    metadata = {"tensor_bytes": {"d": 100}, "saved_internal_only": {"grad:d": ["d"]}} if release else {}
+    return TrainingGraph("dropout_chain", tuple(nodes), metadata)
+
+
+def test_a_left_alone_nodes_output_goes_after_its_last_tensor_reader_and_its_mask_stays():
+    """The dropout's output is read by h and h's backward (a Linear saves its input); its own backward reads the
+    mask only: left alone, the 100 output bytes go after grad:h, the 50 of the mask stay to grad:d. Paged, or
+    with its reader h recomputed, the executor keeps the output to its free: counted in full."""
+    from poetlab.core.schedule import released_nodes
+
+    graph, plain = _dropout_chain(), _dropout_chain(release=False)
+    assert graph.early_release == {2: (7, 100, (3, 6))} and plain.early_release == {}
+    costs = CostModel.from_flops(graph, load_platform("m0"))
+    everything = checkpoint_all_schedule(graph)
+    assert released_nodes(graph, everything) == {2}
+    sim, full = simulate(everything, graph, costs), simulate(everything, plain, costs)
+    grad_d = np.array([op.kind is C and op.node == 7 for op in everything.ops])  # (then d is freed)
+    assert np.array_equal(full.memory_trace_bytes - sim.memory_trace_bytes, np.where(grad_d, 100, 0))
+    rerun_h = [
+        (C, 0, 0), (C, 1, 1), (C, 2, 2), (F, 1, 2), (C, 3, 3), (C, 4, 4), (F, 3, 4), (C, 5, 5), (F, 4, 5),
+        (C, 3, 6), (C, 6, 6), (F, 3, 6), (F, 5, 6), (C, 7, 7), (F, 2, 7), (F, 6, 7), (C, 8, 8), (F, 7, 8),
+    ]
+    paged = [
+        (C, 0, 0), (C, 1, 1), (C, 2, 2), (F, 1, 2), (C, 3, 3), (OUT, 2, 3), (F, 2, 3), (C, 4, 4), (F, 3, 4), (C, 5, 5), (F, 4, 5),
+        (IN, 2, 5), (C, 6, 6), (F, 5, 6), (C, 7, 7), (F, 2, 7), (F, 6, 7), (C, 8, 8), (F, 7, 8),
+    ]
+    for ops in (rerun_h, paged):
+        schedule = _schedule(graph, ops)
+        assert not released_nodes(graph, schedule)
+        assert np.array_equal(simulate(schedule, graph, costs).memory_trace_bytes, simulate(schedule, plain, costs).memory_trace_bytes)

@@ -400,3 +400,38 @@ def test_shapes_and_constants_are_no_storage_and_the_module_is_left_as_it_was(fu
         executor.step(x, y)
         assert all(torch.equal(a.grad, b.grad) for a, b in zip(reference.parameters(), scheduled.parameters(), strict=True))
     assert set(vars(scheduled)) == set(vars(reference))
+
+
+def test_a_backward_that_reads_only_what_autograd_saved_inside_a_node_lets_its_output_go():
+    """Dropout saves its mask, LayerNorm its statistics (and its input, the node before's): neither backward reads
+    its own output, which a plain step frees after its last reader, so ``metadata["saved_internal_only"]`` names
+    them and ``TrainingGraph.early_release`` lets their output go from the stage after that reader's, the mask
+    and statistics kept; a ReLU's backward reads its output (kept). Checkpoint-all's simulated peak is then a
+    plain step's measured one."""
+    from poetlab.core.schedule import checkpoint_all_schedule, simulate
+    from poetlab.torch.allocations import measure_allocations
+    from poetlab.torch.kernels import planned_kernels
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, 4)).train()
+    x, y = torch.randn(32, 16), torch.randint(4, (32,))
+    with planned_kernels():
+        graph = trace(model, x, nn.CrossEntropyLoss(), y)
+        index = {node.name: i for i, node in enumerate(graph.nodes)}
+        only = graph.metadata["saved_internal_only"]
+        assert only == {"grad:_1": ["_1"], "grad:_3": ["_3"], "grad:loss": ["loss"]}  # (the loss: its log-softmax)
+        tensor = graph.metadata["tensor_bytes"]
+        # dropout: read by _2 and _2's backward (a Linear saves its input); LayerNorm: by the ReLU only
+        assert graph.early_release == {
+            index["_1"]: (index["grad:_2"] + 1, tensor["_1"], (index["_2"], index["grad:_2"])),
+            index["_3"]: (index["_4"] + 1, tensor["_3"], (index["_4"],)),
+        }
+        costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+        predicted = simulate(checkpoint_all_schedule(graph), graph, costs, fixed_bytes=graph.metadata["loss_storage_bytes"]).peak_ram_bytes
+        kept = TrainingGraph(graph.name, graph.nodes, {**graph.metadata, "saved_internal_only": {}})
+        assert simulate(checkpoint_all_schedule(kept), kept, costs).peak_ram_bytes > predicted
+        module = copy.deepcopy(model)
+        with measure_allocations() as allocation:
+            nn.CrossEntropyLoss()(module(x), y).backward()
+    measured = allocation.peak_excluding(p.grad.data_ptr() for p in module.parameters())
+    assert abs(predicted / measured - 1) <= 0.01, (predicted, measured)

@@ -201,6 +201,36 @@ class TrainingGraph:
         return {index[v]: frozenset(index[b] for b in bases) for v, bases in view_of.items() if v in index}
 
     @cached_property
+    def early_release(self) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+        """Forward node -> (stage, bytes, tensor readers) where its output tensor goes before the storages it
+        holds for its own backward: a node whose backward reads only what autograd saved inside it (a dropout's
+        mask, BatchNorm's statistics, ``metadata["saved_internal_only"]``), not its output. Where the schedule
+        leaves the node alone (:func:`poetlab.core.schedule.managed_nodes`) and reruns none of its tensor
+        readers (the nodes that read its output: every consumer but those backward nodes), PyTorch frees the
+        output tensor (``bytes``, ``metadata["tensor_bytes"]``) after its last tensor reader, and only the
+        saved tensors stay: from ``stage`` (the stage after that reader's) to the node's free, the simulator
+        and the MILP count the node's bytes less ``bytes``. Views and their bases are left out (their storages
+        are shared). Empty on the paper's graphs."""
+        internal_only = self.metadata.get("saved_internal_only") or {}
+        tensor_bytes = self.metadata.get("tensor_bytes") or {}
+        if not internal_only or not isinstance(internal_only, dict):
+            return {}
+        index = {node.name: i for i, node in enumerate(self.nodes)}
+        only: dict[int, set[int]] = {}
+        for reader, names in internal_only.items():
+            for name in names:
+                only.setdefault(index[name], set()).add(index[reader])
+        out: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        for f, readers in sorted(only.items()):
+            node = self.nodes[f]
+            released = min(int(tensor_bytes.get(node.name, 0) or 0), node.output_bytes)
+            tensor_readers = tuple(j for j in self.consumers[f] if j not in readers)
+            last = max(tensor_readers, default=f)
+            if released > 0 and not node.is_backward and node.kind not in ("input", "loss") and last < max(self.consumers[f], default=f):
+                out[f] = (last + 1, released, tensor_readers)
+        return out
+
+    @cached_property
     def workspace_owner(self) -> np.ndarray:
         """Per node, the forward node whose treatment picks its workspace (:attr:`workspace_left_alone` where
         the schedule leaves that node alone, :attr:`workspace` otherwise), -1 where both are the same."""

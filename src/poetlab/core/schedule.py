@@ -358,6 +358,18 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
     return frozenset(managed)
 
 
+def released_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
+    """The nodes of :attr:`TrainingGraph.early_release` whose output tensor goes before their free under
+    ``schedule``: left alone (not :func:`managed_nodes`), none of their tensor readers computed twice (an
+    executor keeps a rerun's inputs until the schedule frees them)."""
+    release = graph.early_release
+    if not release:
+        return frozenset()
+    managed = managed_nodes(graph, schedule)
+    counts = np.bincount([op.node for op in schedule.ops if op.kind is OpKind.COMPUTE], minlength=graph.n_nodes)
+    return frozenset(f for f, (_, _, readers) in release.items() if f not in managed and all(counts[j] <= 1 for j in readers))
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     """What replaying a schedule costs. Energies in J, times in s, memory in bytes.
@@ -421,6 +433,12 @@ def simulate(
     if (owner >= 0).any():  # (a backward node's workspace is lower where the schedule leaves its forward node alone)
         managed = managed_nodes(graph, schedule)
         workspace = np.where((owner >= 0) & ~np.isin(owner, list(managed)), graph.workspace_left_alone, workspace)
+    # (a left-alone node's output tensor goes after its last tensor reader's stage, its saved tensors stay)
+    release = graph.early_release
+    consumers = graph.consumers
+    # (from the stage after its last tensor reader's to its last reader's, as the MILP's rows count it)
+    pending = sorted([(release[f][0], f, True) for f in released_nodes(graph, schedule)] + [(max(consumers[f]) + 1, f, False) for f in released_nodes(graph, schedule)])
+    released = np.zeros(T, dtype=np.int64)  # bytes of each node already gone
     inputs = [tuple(set(node.inputs)) for node in graph.nodes]
     in_ram = np.zeros(T, dtype=bool)
     on_flash = np.zeros(T, dtype=bool)
@@ -443,6 +461,11 @@ def simulate(
         if op.stage < last_stage:
             raise InvalidScheduleError(step, op, f"stage {op.stage} comes after stage {last_stage}")
         last_stage = op.stage
+        while pending and pending[0][0] <= op.stage:
+            _, f, going = pending.pop(0)
+            if in_ram[f]:
+                used -= int(release[f][1] if going else -released[f])
+                released[f] = release[f][1] if going else 0
         if op.kind is OpKind.COMPUTE:
             if computed[i] and pinned[i]:
                 raise InvalidScheduleError(step, op, f"recomputes {graph.nodes[i].name}, a gradient held by autograd's engine (only forward nodes of a traced graph can be recomputed)")
@@ -464,7 +487,8 @@ def simulate(
             if not in_ram[i]:
                 raise InvalidScheduleError(step, op, "frees a tensor that is not in RAM")
             in_ram[i] = False
-            used -= int(nbytes[i])
+            used -= int(nbytes[i]) - int(released[i])
+            released[i] = 0
         elif op.kind is OpKind.PAGE_OUT:
             if not in_ram[i]:
                 raise InvalidScheduleError(step, op, "pages out a tensor that is not in RAM")

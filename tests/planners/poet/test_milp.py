@@ -183,3 +183,48 @@ def test_a_backward_nodes_workspace_left_alone_counts_in_the_milp_as_in_the_simu
     assert simulate(solved.schedule, graph, costs, ram_budget_bytes=budget).peak_ram_bytes <= budget
     model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget))
     assert feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]
+
+
+@pytest.mark.parametrize("name", ["reused", "mha"])
+def test_an_output_let_go_before_its_saved_tensors_counts_in_the_milp_as_in_the_simulator(name):
+    """A traced dropout's, LayerNorm's or attention's output goes after its last tensor reader where the schedule
+    leaves the node alone, and its saved tensors stay to its backward (``TrainingGraph.early_release``,
+    ``poetlab.core.schedule.released_nodes``): the MILP's memory rows (KEPT_f, at least each rerun, page-out and
+    compress of f and each rerun of a reader of its output) agree with the simulator to the byte on
+    checkpoint-all, a remat and a paging schedule: feasible at the simulated peak, infeasible a byte below; a
+    solved schedule replays inside its budget."""
+    import torch  # noqa: F401  (a traced model of examples/)
+
+    from poetlab.core.schedule import OpKind, released_nodes
+    from poetlab.planners.heuristics import greedy_paging_schedule
+    from poetlab.torch.trace import trace
+    from poetlab.torch.user_models import load_user_model
+    from repo_paths import REPO
+
+    model = load_user_model(f"{REPO}/examples/{name}.py:make")
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets)
+    costs = CostModel.from_flops(graph, load_platform("a72"))
+    everything = checkpoint_all_schedule(graph)
+    peak = simulate(everything, graph, costs).peak_ram_bytes
+    greedy = [make(graph, costs, f * peak) for make in (greedy_remat_schedule, greedy_paging_schedule) for f in (0.9, 0.8, 0.7)]
+    schedules = [everything, *(s for s in greedy if s is not None)]
+    assert graph.early_release and released_nodes(graph, everything) == set(graph.early_release)
+    assert any(released_nodes(graph, s) < set(graph.early_release) for s in schedules[1:])
+    assert any(s.count(OpKind.PAGE_OUT) for s in schedules) and any(s.n_recomputes for s in schedules)
+    for schedule in schedules:
+        sim = simulate(schedule, graph, costs)
+        paging = schedule.count(OpKind.PAGE_OUT) > 0
+        budget = sim.peak_ram_bytes + graph.reserved_bytes  # (build_milp keeps the reserved bytes free, as solve does)
+        at_peak = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget, paging=paging))
+        assert feasible(at_peak, at_peak.encode(schedule.matrices().as_dict()))[0]
+        below = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget - 1, paging=paging))
+        assert not feasible(below, below.encode(schedule.matrices().as_dict()))[0]
+    if name == "reused":
+        from poetlab import solve
+
+        budget = int(min(simulate(s, graph, costs).peak_ram_bytes for s in schedules) + graph.reserved_bytes)
+        solved = solve(graph, costs, budget, time_limit_s=30)
+        assert solved.schedule is not None, solved
+        assert simulate(solved.schedule, graph, costs, ram_budget_bytes=budget - graph.reserved_bytes).peak_ram_bytes <= budget - graph.reserved_bytes
+        model = build_milp(graph, costs, MilpOptions(ram_budget_bytes=budget))
+        assert feasible(model, model.encode(solved.schedule.matrices().as_dict()))[0]

@@ -109,6 +109,11 @@ class MilpModel:
     managed_by: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
     #: backward node -> (its forward node, the workspace it adds where that node is managed)
     managed_workspace: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
+    #: forward node of TrainingGraph.early_release -> (its column of KEPT: 1 when the schedule keeps its output
+    #: tensor to its free; the nodes whose reruns set it; the stages its output tensor's bytes leave U otherwise)
+    kept_index: dict[int, int] = field(default_factory=dict, repr=False)
+    kept_by: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    release_window: dict[int, tuple[int, int, float]] = field(default_factory=dict, repr=False)
 
     @property
     def n_cols(self) -> int:
@@ -131,6 +136,7 @@ class MilpModel:
         with FREE and U derived by the formulation's own rules: a MIP start for the solver."""
         x = np.zeros(self.n_cols)
         managed = self._managed(matrices)
+        kept = self._kept(matrices)
         for name, idx in self.index.items():
             exists = idx >= 0
             x[idx[exists]] = np.asarray(matrices[name], dtype=float)[exists]
@@ -165,10 +171,25 @@ class MilpModel:
             if t in self.managed_workspace:
                 f, extra = self.managed_workspace[t]
                 u[t] += extra * managed[f]
+            for f, (first, last, released) in self.release_window.items():
+                if first <= t <= last:
+                    u = u - released * (1.0 - kept[f])
             x[self.u_index[t, : t + 1]] = u
         for f, col in self.managed_index.items():
             x[col] = managed[f]
+        for f, col in self.kept_index.items():
+            x[col] = kept[f]
         return x
+
+    def _kept(self, matrices: dict[str, np.ndarray]) -> dict[int, float]:
+        """KEPT of each early-release node, from a schedule's matrices (as the formulation's rows bound it: a
+        rerun, page-out or compress of the node, or a rerun of one of its tensor readers)."""
+        R = np.asarray(matrices["R"], dtype=bool)
+        moves = [np.asarray(matrices[name], dtype=bool) for name in ("M_OUT", "M_CMP") if name in matrices]
+        return {
+            f: float(any(m[:, f].any() for m in moves) or any(R[s + 1 :, s].any() for s in sources))
+            for f, sources in self.kept_by.items()
+        }
 
     def _managed(self, matrices: dict[str, np.ndarray]) -> dict[int, float]:
         """MANAGED of each forward node with a column, from a schedule's matrices (as the formulation's rows
@@ -327,7 +348,33 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         rows.terms(ids[row_rep], later_cols, -1.0)
     # (6) memory: U[t, 0] = R[t, 0] b0 + sum_i S_RAM[t, i] b_i (+ M_IN[t, i] b_i when charged)
     #             U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1} - sum_{(i, k)} FREE[t, (i, k)] b_i
-    ids = rows.new(T, 0.0, 0.0)
+    # (6r) a node f of TrainingGraph.early_release left alone holds only its saved tensors from the stage after
+    # its last tensor reader's to its last reader's (held there: computed once, never paged, R[t, t] = 1):
+    # U[t, 0] -= r_f (1 - KEPT_f) there, KEPT_f >= each rerun, page-out and compress of f and each rerun of
+    # a tensor reader of f (poetlab.core.schedule.released_nodes)
+    release = graph.early_release
+    consumers = graph.consumers
+    release_window = {f: (first, max(consumers[f]), float(r)) for f, (first, r, _) in release.items()}
+    constant = np.zeros(T)
+    for first, last, r in release_window.values():
+        constant[first : last + 1] -= r
+    ids = rows.new(T, constant, constant)
+    kept_by = {f: (f, *(j for j in readers if not graph.nodes[j].is_backward)) for f, (_, _, readers) in release.items()}
+    kept_index: dict[int, int] = {}
+    if kept_by:
+        mask = np.zeros(T, dtype=bool)
+        mask[list(kept_by)] = True
+        kept_col = cols.add(mask, 0.0, 1.0, False)
+        kept_index = {f: int(kept_col[f]) for f in kept_by}
+        for f, sources in kept_by.items():
+            later = [R[s_ + 1 :, s_] for s_ in sources] + [M_OUT[:, f], M_CMP[:, f]]
+            later = np.concatenate(later)
+            later = later[later >= 0]
+            ids_k = rows.new(later.size, 0.0, INF)  # KEPT_f - move >= 0
+            rows.terms(ids_k, np.full(later.size, kept_index[f]), 1.0)
+            rows.terms(ids_k, later, -1.0)
+            first, last, r = release_window[f]
+            rows.terms(ids[first : last + 1], np.full(last + 1 - first, kept_index[f]), -r)
     rows.terms(ids, U[:, 0], 1.0)
     rows.terms(ids, R[:, 0], -b[0])
     t_idx, i_idx = np.nonzero(strict)
@@ -420,4 +467,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         managed_index=managed_index,
         managed_by=managed_by,
         managed_workspace={int(b): (int(owner[b]), float(extra[b])) for b in np.flatnonzero(owner >= 0)},
+        kept_index=kept_index,
+        kept_by=kept_by,
+        release_window=release_window,
     )

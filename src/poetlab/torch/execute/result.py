@@ -21,7 +21,9 @@ class ExecutionResult:
     ``peak_bytes`` the same without the parameters' gradients (found by address; POET keeps them outside
     the activation budget): activations, saved tensors, gradients of activations, workspace. Both are
     None when not measured. ``planned_peak_bytes`` is the schedule replayed by our own bookkeeping of
-    the graph's bytes as the executor went (equal to the simulator's when every op was honoured).
+    the graph's bytes as the executor went, each node whole to its free (equal to the simulator's when every op
+    was honoured, but where the simulator lets a left-alone node's output go before what autograd saved inside
+    it, as PyTorch does by itself: ``TrainingGraph.early_release``).
 
     ``wall_s`` is the step's wall time; ``cpu_s`` its CPU time on the calling thread (autograd's CPU
     engine runs there too), which other processes' load does not inflate; both from the call's start to
