@@ -75,3 +75,20 @@ def test_unwritable_output_is_one_clear_error(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(OutputError, match="cannot write .*choose another path"):
         build_paper_graph("linear").save(blocker / "graph.json")
+
+
+
+def test_output_bytes_least_is_an_output_less_what_early_release_lets_go():
+    """A dropout holding 150 bytes, 100 of them its output tensor, which goes after its last tensor reader where
+    the schedule leaves it alone (its backward reads the mask only): 50 at least. Without the trace's record
+    (``metadata["saved_internal_only"]``), the full bytes."""
+    nodes = (
+        Node("x", "input", (), (1,), 0, 0.0), Node("a", "Linear", (0,), (1,), 100, 1.0), Node("d", "Dropout", (1,), (1,), 150, 1.0),
+        Node("h", "Linear", (2,), (1,), 100, 1.0), Node("loss", "loss", (3,), (), 4, 1.0),
+        Node("grad:loss", "backward", (4,), (), 4, 1.0, is_backward=True), Node("grad:h", "backward", (5, 2), (1,), 100, 1.0, is_backward=True),
+        Node("grad:d", "backward", (6, 2), (1,), 100, 1.0, is_backward=True), Node("grad:a", "backward", (7, 0), (1,), 0, 1.0, is_backward=True),
+    )
+    graph = TrainingGraph("dropout_chain", nodes, {"tensor_bytes": {"d": 100}, "saved_internal_only": {"grad:d": ["d"]}})
+    plain = TrainingGraph("dropout_chain", nodes, {})
+    assert graph.output_bytes_least.tolist() == [0, 100, 50, 100, 4, 4, 100, 100, 0]
+    assert plain.output_bytes_least.tolist() == plain.output_bytes.tolist()

@@ -231,6 +231,18 @@ class TrainingGraph:
         return out
 
     @cached_property
+    def output_bytes_least(self) -> np.ndarray:
+        """Per node, the fewest bytes its output holds in RAM at any stage: :attr:`output_bytes`, less what
+        :attr:`early_release` lets go where the schedule leaves the node alone. Lower bounds count these, as
+        they count :attr:`workspace_left_alone`: a relaxation of every schedule's memory stays a relaxation,
+        where the full bytes could put a bound above a schedule that fits. Equal to :attr:`output_bytes` on
+        the paper's graphs."""
+        least = np.array(self.output_bytes)
+        for f, (_, released, _) in self.early_release.items():
+            least[f] -= released
+        return _readonly(least)
+
+    @cached_property
     def workspace_owner(self) -> np.ndarray:
         """Per node, the forward node whose treatment picks its workspace (:attr:`workspace_left_alone` where
         the schedule leaves that node alone, :attr:`workspace` otherwise), -1 where both are the same."""

@@ -39,7 +39,7 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[in
     """(stage t, the tensors live across it, the bytes left for them) for each stage t whose live-across
     tensors do not fit. Stage t's live-across tensors are those before t, not read by t, read after t;
     what is left is the budget less node t's output and inputs."""
-    b = graph.output_bytes.astype(float)
+    b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
     T = graph.n_nodes
     last_use = np.array([max(users) if users else -1 for users in graph.consumers])
     demands = []
@@ -64,7 +64,7 @@ def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked:
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     T = graph.n_nodes
-    b = graph.output_bytes.astype(float)
+    b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
     movable = ~graph.pinned
     # columns: recompute tensor i (T), page tensor i out and in (T); a lever not allowed is fixed at 0
     cost = np.concatenate([costs.recompute_energy_j, costs.pagein_energy_j + costs.pageout_energy_j]) / costs.plain_step_energy_j

@@ -96,7 +96,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
     if not demands:
         return None
     T = graph.n_nodes
-    b = graph.output_bytes.astype(float)
+    b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
     w = graph.workspace_left_alone.astype(float)  # (the least the MILP counts: the rows stay valid)
     movable = ~graph.pinned
     can_recompute = movable & options.remat

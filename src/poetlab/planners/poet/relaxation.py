@@ -74,7 +74,7 @@ def build_relaxation(graph: TrainingGraph, costs: CostModel, options: MilpOption
     (the constant one plain step left out); ``index`` maps "K", "R", "I" to T x T column indices
     [tensor, stage] (-1 where absent) and "O" to T columns."""
     T = graph.n_nodes
-    b = graph.output_bytes.astype(float)
+    b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
     budget = float(options.ram_budget_bytes) - (2 * graph.param_bytes if options.params_in_budget else 0)
     movable = ~graph.pinned
     pi, pt, pair = _pairs(T)
