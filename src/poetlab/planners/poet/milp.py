@@ -234,6 +234,25 @@ class _Columns:
         return index
 
 
+def _at_least_each(cols: _Columns, rows: SparseRows, T: int, moves_of: dict[int, np.ndarray]) -> dict[int, int]:
+    """One continuous column in [0, 1] per node of ``moves_of`` (in node order), at least each of the move
+    columns given for it (-1: a move fixed to zero, left out): 1 wherever the schedule makes one of them. The
+    MILP's KEPT_f (rows 6r) and MANAGED_f (rows 6w), which only add memory where they are 1. Returns node ->
+    column."""
+    if not moves_of:
+        return {}
+    mask = np.zeros(T, dtype=bool)
+    mask[list(moves_of)] = True
+    column = cols.add(mask, 0.0, 1.0, False)
+    index = {f: int(column[f]) for f in moves_of}
+    for f, moves in moves_of.items():
+        moves = moves[moves >= 0]
+        ids = rows.new(moves.size, 0.0, np.inf)  # column - move >= 0
+        rows.terms(ids, np.full(moves.size, index[f]), 1.0)
+        rows.terms(ids, moves, -1.0)
+    return index
+
+
 def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> MilpModel:
     """The POET MILP of ``graph`` with ``costs`` under ``options``."""
     T = graph.n_nodes
@@ -360,21 +379,10 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         constant[first : last + 1] -= r
     ids = rows.new(T, constant, constant)
     kept_by = {f: (f, *(j for j in readers if not graph.nodes[j].is_backward)) for f, (_, _, readers) in release.items()}
-    kept_index: dict[int, int] = {}
-    if kept_by:
-        mask = np.zeros(T, dtype=bool)
-        mask[list(kept_by)] = True
-        kept_col = cols.add(mask, 0.0, 1.0, False)
-        kept_index = {f: int(kept_col[f]) for f in kept_by}
-        for f, sources in kept_by.items():
-            later = [R[s_ + 1 :, s_] for s_ in sources] + [M_OUT[:, f], M_CMP[:, f]]
-            later = np.concatenate(later)
-            later = later[later >= 0]
-            ids_k = rows.new(later.size, 0.0, INF)  # KEPT_f - move >= 0
-            rows.terms(ids_k, np.full(later.size, kept_index[f]), 1.0)
-            rows.terms(ids_k, later, -1.0)
-            first, last, r = release_window[f]
-            rows.terms(ids[first : last + 1], np.full(last + 1 - first, kept_index[f]), -r)
+    kept_index = _at_least_each(cols, rows, T, {f: np.concatenate([R[s_ + 1 :, s_] for s_ in sources] + [M_OUT[:, f], M_CMP[:, f]]) for f, sources in kept_by.items()})
+    for f, col in kept_index.items():
+        first, last, r = release_window[f]
+        rows.terms(ids[first : last + 1], np.full(last + 1 - first, col), -r)
     rows.terms(ids, U[:, 0], 1.0)
     rows.terms(ids, R[:, 0], -b[0])
     t_idx, i_idx = np.nonzero(strict)
@@ -406,20 +414,8 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         int(f): (int(f), *(v for v, bases in views if not graph.nodes[v].is_backward and f in bases))
         for f in sorted(set(owner[owner >= 0].tolist()))
     }
-    managed_index: dict[int, int] = {}
-    if managed_by:
-        mask = np.zeros(T, dtype=bool)
-        mask[list(managed_by)] = True
-        managed_col = cols.add(mask, 0.0, 1.0, False)
-        managed_index = {f: int(managed_col[f]) for f in managed_by}
-        for f, sources in managed_by.items():
-            for s_ in sources:
-                for moves in (R, M_OUT, M_CMP):
-                    later = moves[s_ + 1 :, s_] if moves is R else moves[:, s_]
-                    later = later[later >= 0]
-                    ids_m = rows.new(later.size, 0.0, INF)  # MANAGED_f - move >= 0
-                    rows.terms(ids_m, np.full(later.size, managed_index[f]), 1.0)
-                    rows.terms(ids_m, later, -1.0)
+    managed_index = _at_least_each(cols, rows, T, {f: np.concatenate([m for s_ in sources for m in (R[s_ + 1 :, s_], M_OUT[:, s_], M_CMP[:, s_])]) for f, sources in managed_by.items()})
+    if managed_index:
         for bwd in np.flatnonzero(owner >= 0):
             rows.terms(row_of[bwd, bwd - 1 : bwd], np.array([managed_index[int(owner[bwd])]]), -extra[bwd])
     ft, fe = np.nonzero(free_mask)
