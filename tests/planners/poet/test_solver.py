@@ -242,3 +242,22 @@ def test_the_interval_relaxations_schedules_repaired_at_the_smallest_footprint()
     result = solve(graph, costs, options.ram_budget_bytes, 2.0, time_limit_s=10, threads=1, mip_gap=1e-3)
     assert result.energy_j == pytest.approx(replay(result.schedule).energy_j)
     assert result.bound_j <= result.energy_j < 1.45 * costs.plain_step_energy_j
+
+
+def test_a_large_graph_left_too_little_time_returns_its_best_start_without_a_milp():
+    """Past the quick starts with under ``MILP_MIN_LEFT_S`` left, POET's MILP on a graph of 100 nodes or more
+    cannot even be presolved (HiGHS was stopped after 1.5 s with nothing new on resnet50): the solve returns
+    its best start as ``time_limit`` (solver ``bound``: no MILP ran) instead of starting one past its limit.
+    A small graph at the same limit still gets its MILP, which proves its optimum."""
+    from poetlab.planners.poet.solver import MILP_MIN_LEFT_S
+
+    graph, costs, options, _, _ = grid_instance("resnet18_cifar", "m4", 0.0, 2.0)
+    assert graph.n_nodes >= 100
+    large = solve(graph, costs, options.ram_budget_bytes, 2.0, time_limit_s=1.0, mip_gap=1e-3)
+    assert large.status == "time_limit" and large.solver == "bound" and "before POET's MILP" in large.message, large.message
+    assert large.mip_gap > 1e-3 and large.solve_time_s < 1.0 + MILP_MIN_LEFT_S
+    _replays(large, graph, costs)
+    small, small_costs, peak = _setup(convnet(), "m4")
+    assert small.n_nodes < 100
+    result = solve(small, small_costs, 0.5 * peak, 2.0, time_limit_s=1.0)
+    assert result.solver in ("highs", "gurobi") and result.status == "optimal", result.message

@@ -101,6 +101,10 @@ REPAIR_AGAIN_MIN_TIME_LIMIT_S = 5.0
 REPAIR_AGAIN_SHARE = 0.2
 REPAIR_AGAIN_MIN_S = 2.0
 REPAIR_AGAIN_MAX_S = 12.0
+#: the least time left for which POET's MILP starts on a graph of 100 nodes or more (NEIGHBOURHOOD_MIN_COLUMNS
+#: of R and S_RAM); with less, the solve is at or past its limit and returns its best start: HiGHS needs longer
+#: than that to read and presolve such a model (resnet50: 424k columns, stopped after 1.5 s with nothing new)
+MILP_MIN_LEFT_S = 1.0
 BOUNDS = ("eviction", "trivial")
 #: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
 QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
@@ -112,7 +116,8 @@ class SolveResult:
 
     ``objective_j`` is the solver's objective (None for a certificate or no solution) and ``bound_j``
     the best proven lower bound on the energy; ``mip_gap`` is their relative difference. ``solver`` is
-    ``highs``, ``gurobi``, or ``bound`` when the lower-bound certificate settled it. ``message`` says
+    ``highs``, ``gurobi``, or ``bound`` when no MILP ran: the lower-bound certificate settled it, or the
+    time limit left too little for POET's MILP on a large graph (``MILP_MIN_LEFT_S``). ``message`` says
     in one line why there is no schedule, when there is none.
     """
 
@@ -414,6 +419,12 @@ def solve(
         message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
         log.info(message)
         return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
+    left_s = time_limit_s - (time.perf_counter() - started)
+    if start is not None and left_s < MILP_MIN_LEFT_S and graph.n_nodes**2 >= NEIGHBOURHOOD_MIN_COLUMNS:
+        gap = relative_gap(start_sim.energy_j, lower_bound)
+        message = f"time limit of {time_limit_s:g} s reached before POET's MILP ({max(left_s, 0.0):.1f} s left, too little on {graph.n_nodes} nodes); returning the best start, gap {gap:.3%}"
+        log.info(message)
+        return result("time_limit", "bound", message, start, start_sim, objective=None, bound=lower_bound, gap=gap)
     model = model or build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     if start is not None and not compression and not fits_milp(model, start):  # (DTR's frees, one stage late for the MILP)
