@@ -358,14 +358,15 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
     return frozenset(managed)
 
 
-def released_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
+def released_nodes(graph: TrainingGraph, schedule: Schedule, managed: frozenset[int] | None = None) -> frozenset[int]:
     """The nodes of :attr:`TrainingGraph.early_release` whose output tensor goes before their free under
-    ``schedule``: left alone (not :func:`managed_nodes`), none of their tensor readers computed twice (an
-    executor keeps a rerun's inputs until the schedule frees them)."""
+    ``schedule``: left alone (not :func:`managed_nodes`, which a caller that has them may pass), none of their
+    tensor readers computed twice (an executor keeps a rerun's inputs until the schedule frees them)."""
     release = graph.early_release
     if not release:
         return frozenset()
-    managed = managed_nodes(graph, schedule)
+    if managed is None:
+        managed = managed_nodes(graph, schedule)
     counts = np.bincount([op.node for op in schedule.ops if op.kind is OpKind.COMPUTE], minlength=graph.n_nodes)
     return frozenset(f for f, (_, _, readers) in release.items() if f not in managed and all(counts[j] <= 1 for j in readers))
 
@@ -430,14 +431,15 @@ def simulate(
     nbytes = graph.output_bytes
     workspace = graph.workspace
     owner = graph.workspace_owner
-    if (owner >= 0).any():  # (a backward node's workspace is lower where the schedule leaves its forward node alone)
-        managed = managed_nodes(graph, schedule)
-        workspace = np.where((owner >= 0) & ~np.isin(owner, list(managed)), graph.workspace_left_alone, workspace)
-    # (a left-alone node's output tensor goes after its last tensor reader's stage, its saved tensors stay)
     release = graph.early_release
+    managed = managed_nodes(graph, schedule) if (owner >= 0).any() or release else frozenset()
+    if (owner >= 0).any():  # (a backward node's workspace is lower where the schedule leaves its forward node alone)
+        workspace = np.where((owner >= 0) & ~np.isin(owner, list(managed)), graph.workspace_left_alone, workspace)
+    # (a left-alone node's output tensor goes after its last tensor reader's stage, its saved tensors stay: from
+    # the stage after its last tensor reader's to its last reader's, as the MILP's rows count it)
     consumers = graph.consumers
-    # (from the stage after its last tensor reader's to its last reader's, as the MILP's rows count it)
-    pending = sorted([(release[f][0], f, True) for f in released_nodes(graph, schedule)] + [(max(consumers[f]) + 1, f, False) for f in released_nodes(graph, schedule)])
+    early = released_nodes(graph, schedule, managed)
+    pending = sorted([(release[f][0], f, True) for f in early] + [(max(consumers[f]) + 1, f, False) for f in early])
     released = np.zeros(T, dtype=np.int64)  # bytes of each node already gone
     inputs = [tuple(set(node.inputs)) for node in graph.nodes]
     in_ram = np.zeros(T, dtype=bool)
