@@ -10,7 +10,8 @@ from poetlab import build_paper_graph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, simulate
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.bounds import eviction_bound
-from poetlab.planners.poet.intervals import interval_bound, interval_start, interval_value
+from poetlab.planners.poet.idle_gaps import with_gap_rows
+from poetlab.planners.poet.intervals import _build, _meets_rows, interval_bound, interval_point, interval_schedule, interval_start, interval_value
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 
 from bound_cases import GRAPHS, LEVERS, OTHERS, QUICK, setup
@@ -167,3 +168,72 @@ def test_an_exact_optimum_is_a_point_of_the_relaxation_at_no_more_than_its_energ
     energy = simulate(schedule, graph, costs).energy_j
     value = interval_value(graph, costs, options, schedule)
     assert value is not None and costs.plain_step_energy_j <= value <= energy * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("model,platform,fraction", [("convnet", "m4", 0.2), ("linear", "m4", 0.1), ("residual", "m0", 0.2), ("relu_chain", "m4", 0.05)])
+def test_a_fitting_schedule_of_the_milp_maps_to_a_point_of_the_relaxation_at_no_more_than_its_energy(model, platform, fraction):
+    """Every quick start that replays within both budgets and is a solution of POET's MILP (NOTE 4's ``fits_milp``; DTR's
+    frees one stage late are not) maps to a point that meets every row of the relaxation (with the idle-gap and kept-through
+    rows and without them) at no more than its simulated energy: the start that ``interval_bound`` is given (NOTE 13)."""
+    from poetlab.planners.poet.neighbourhood import fits_milp
+    from poetlab.planners.poet.solver import best_start
+
+    graph = GRAPHS[model]()
+    costs, peak, footprint = setup(graph, platform)
+    options = MilpOptions(ram_budget_bytes=int(footprint + fraction * (peak - footprint)), runtime_budget_factor=1.2)
+    runtime = 1.2 * costs.plain_step_runtime_s
+
+    def replay(schedule):
+        return simulate(schedule, graph, costs, ram_budget_bytes=options.ram_budget_bytes, runtime_budget_s=runtime)
+
+    fitting = []
+    best_start(graph, costs, options, runtime, replay, covers_s=2.0, collect=fitting)
+    model_ = build_milp(graph, costs, options)
+    mapped = 0
+    for schedule, sim in fitting:
+        if not fits_milp(model_, schedule):
+            continue
+        for rows in ({"gap_rows": True, "kept_rows": True}, {"gap_rows": False, "kept_rows": False}):
+            value = interval_value(graph, costs, options, schedule, **rows)
+            assert value is not None and costs.plain_step_energy_j <= value <= sim.energy_j * (1 + 1e-9)
+        mapped += 1
+    assert mapped >= 1
+
+
+def test_the_relaxations_own_schedule_maps_back_to_its_point_at_exactly_its_energy():
+    """Five convolutions on m4 at the smallest footprint, 2x (NOTE 8): the relaxation's optimum made into a schedule replays
+    within both budgets at the optimum, and mapped back (:func:`interval_point`) it is a point of the relaxation whose
+    objective equals its simulated energy (the map is exact where no tensor is regenerated twice in one interval)."""
+    graph = convnet(depth=5)
+    costs, _, footprint = setup(graph, "m4")
+    options = MilpOptions(ram_budget_bytes=footprint, runtime_budget_factor=2.0)
+    problem = with_gap_rows(graph, _build(graph, costs, options))
+    found = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, gap_rows=True)
+    assert found.optimal and found.schedule is not None
+    sim = simulate(found.schedule, graph, costs, ram_budget_bytes=footprint, runtime_budget_s=2.0 * costs.plain_step_runtime_s)
+    x = interval_point(graph, problem, found.schedule)
+    assert x is not None and _meets_rows(problem, x)
+    assert costs.plain_step_energy_j * (1 + problem.cost @ x) == pytest.approx(sim.energy_j, rel=1e-9) == pytest.approx(found.bound_j, rel=1e-6)
+    assert interval_schedule(graph, problem, x > 0.5) is not None
+
+
+def test_a_start_makes_highs_begin_at_its_energy_and_the_bound_stays_a_bound():
+    """``interval_bound(start=...)`` (highspy, NOTE 13) on the ten-ReLU chain at 5%: from the exact optimum's schedule the
+    relaxation's best solution is never above it, the bound is the same as scipy's without a start (both solved exactly),
+    and a ``target_j`` at the eviction bound stops the solve as soon as its dual bound reaches it."""
+    graph = relu_chain(10)
+    costs, peak, footprint = setup(graph, "m4")
+    options = MilpOptions(ram_budget_bytes=int(footprint + 0.05 * (peak - footprint)), runtime_budget_factor=1.2)
+    milp = build_milp(graph, costs, options)
+    exact = run_milp(milp, solver="highs", mip_gap=1e-7, threads=1)
+    m = milp.decode(exact.x)
+    optimum = Schedule.from_matrices(graph, m["R"], m["S_RAM"], m.get("S_SSD"), m.get("M_IN"), m.get("M_OUT"))
+    energy = simulate(optimum, graph, costs).energy_j
+    plain = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, gap_rows=True)
+    warm = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, gap_rows=True, start=optimum)
+    assert plain.optimal and warm.optimal
+    assert warm.bound_j == pytest.approx(plain.bound_j, rel=1e-7) and warm.bound_j <= energy * (1 + 1e-7)
+    assert warm.incumbent is not None and warm.incumbent * costs.plain_step_energy_j <= energy * (1 + 1e-9)
+    target = eviction_bound(graph, costs, options)
+    stopped = interval_bound(graph, costs, options, time_limit_s=60, mip_gap=1e-9, gap_rows=True, start=optimum, target_j=target)
+    assert target * (1 - 1e-8) <= stopped.bound_j <= plain.bound_j * (1 + 1e-7)

@@ -207,7 +207,8 @@ def _phases(caplog, graph, costs, options, factor, time_limit_s):
     with caplog.at_level(logging.INFO, logger="poetlab"):
         result = solve(graph, costs, options.ram_budget_bytes, factor, time_limit_s=time_limit_s, threads=1, mip_gap=1e-3)
     messages = [record.getMessage() for record in caplog.records]
-    ran = {name for name, mark in (("stage", "stage relaxation: "), ("interval", "interval bound (")) if any(m.startswith(mark) for m in messages)}
+    marks = (("stage", "stage relaxation: "), ("interval", "interval bound ("), ("warm interval", "lower bound after the interval relaxation from the best start"))
+    ran = {name for name, mark in marks if any(m.startswith(mark) for m in messages)}
     return result, ran, messages
 
 
@@ -223,13 +224,28 @@ def test_far_from_the_bound_the_interval_relaxation_runs_first_and_the_stage_rel
     assert result.status == "optimal" and result.energy_j == pytest.approx(replay(result.schedule).energy_j)
 
 
-def test_near_the_bound_the_stage_relaxation_still_runs_first(caplog):
-    """vgg16_cifar on the M4 at 10%, 1.05x: the best start is 0.2% above the eviction bound, so the order is
-    as before (the stage relaxation, which proves the optimum there, 1.002075 plain steps)."""
+def test_near_the_bound_the_interval_relaxation_from_the_best_start_certifies_in_its_share(caplog):
+    """vgg16_cifar on the M4 at 10%, 1.05x: the best start is 0.2% above the eviction bound. There the interval
+    relaxation (without the kept-through and idle-gap rows), started from the best start, takes the stage relaxation's
+    place (NOTE 13) and is solved to its optimum, 1.002075 plain steps, in about a second; its schedule replays at it.
+    At a 5 s limit the stage relaxation's 2 s share did not prove it (6-9 s: NOTE 3)."""
+    graph, costs, options, replay, _ = grid_instance("vgg16_cifar", "m4", 0.1, 1.05)
+    result, ran, messages = _phases(caplog, graph, costs, options, 1.05, 5)
+    assert ran == {"warm interval"} and not any("the interval relaxation first" in m for m in messages)
+    assert result.status == "optimal" and result.energy_j / costs.plain_step_energy_j == pytest.approx(1.002075, abs=1e-6)
+    assert result.energy_j == pytest.approx(replay(result.schedule).energy_j) and result.bound_j <= result.energy_j
+
+
+def test_near_the_bound_with_page_ins_charged_the_stage_relaxation_still_runs(caplog):
+    """With ``charge_pagein`` (a page-in lands as it is charged, which the interval relaxation's schedules do not model)
+    the same instance still gets the stage relaxation, and not the interval relaxation from the best start."""
     graph, costs, options, _, _ = grid_instance("vgg16_cifar", "m4", 0.1, 1.05)
-    result, ran, messages = _phases(caplog, graph, costs, options, 1.05, 30)
-    assert "stage" in ran and not any("the interval relaxation first" in m for m in messages)
-    assert result.status == "optimal"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="poetlab"):
+        solve(graph, costs, options.ram_budget_bytes, 1.05, charge_pagein=True, time_limit_s=5, threads=1, mip_gap=1e-3)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(m.startswith("stage relaxation: ") for m in messages)
+    assert not any(m.startswith("lower bound after the interval relaxation from the best start") for m in messages)
 
 
 @pytest.mark.slow
@@ -261,3 +277,15 @@ def test_a_large_graph_left_too_little_time_returns_its_best_start_without_a_mil
     assert small.n_nodes < 100
     result = solve(small, small_costs, 0.5 * peak, 2.0, time_limit_s=1.0)
     assert result.solver in ("highs", "gurobi") and result.status == "optimal", result.message
+
+
+@pytest.mark.slow
+def test_bert_on_the_jetson_tx2_at_its_smallest_footprint_is_certified_by_the_warm_interval_relaxation():
+    """Fig. 3's bert/jetsontx2 at the smallest footprint, 2x: the best start (1.008595 plain steps) is 0.14% above the
+    eviction bound (1.007227), and before NOTE 13 no phase moved either within 10 s or 60 s. The interval relaxation from
+    the best start is solved to its optimum (1.007562 plain steps, 3-4 s) and its schedule replays at it: certified."""
+    graph, costs, options, replay, _ = grid_instance("bert", "jetsontx2", 0.0, 2.0)
+    result = solve(graph, costs, options.ram_budget_bytes, 2.0, time_limit_s=20, threads=1, mip_gap=1e-3)
+    assert result.status == "optimal", result.message
+    assert result.energy_j == pytest.approx(replay(result.schedule).energy_j) and result.bound_j <= result.energy_j
+    assert result.energy_j < 1.0085 * costs.plain_step_energy_j

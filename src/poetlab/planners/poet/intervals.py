@@ -23,8 +23,11 @@ Where two row stages follow each other the intervals are single stages, and the 
 held across it: at the smallest footprint, where nearly every stage is a row stage, they lift the bound
 on resnet18_cifar/m4 from 1.26 to 1.36 plain steps, and on small graphs to the exact optimum.
 
-A schedule maps to a point of it (:func:`interval_value` prices it): for a schedule of POET's MILP the point meets
-every row at no more than its energy, which the tests check row by row on exact optima (NOTE 10).
+A schedule maps to a point of it (:func:`interval_point`; :func:`interval_value` prices it): for a schedule of
+POET's MILP the point meets every row at no more than its energy, which the tests check row by row on exact optima
+(NOTE 10). That point starts HiGHS (``interval_bound(start=...)``, NOTE 13): near the bound, `solve` gives the
+relaxation its best start, and on bert/jetsontx2 at its smallest footprint the relaxation without the kept-through
+and idle-gap rows is then solved to its optimum in 3-4 s, and its schedule certifies the row.
 
 What it does not see is RAM inside a stage while a recomputation runs; so a solution made into a
 schedule (:func:`interval_schedule`) may exceed the budget there. :func:`interval_start` solves it at the
@@ -196,17 +199,23 @@ def _kept_through(rows: SparseRows, stages: list[int], H: list[dict[int, int]], 
                         rows.row([source, column, H[a + 1][j]], [1.0, 1.0, -1.0], -np.inf, 1.0)
 
 
-def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6, gap_rows: bool = False, integral: bool = True, kept_rows: bool = True) -> IntervalBound:
+def interval_bound(
+    graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6, gap_rows: bool = False, integral: bool = True,
+    kept_rows: bool = True, start: Schedule | None = None, target_j: float | None = None,
+) -> IntervalBound:
     """A lower bound (J) on the energy of every schedule of POET's MILP under ``options``: one plain step
     plus the cheapest regenerations that keep every stage over budget within it, where a tensor needed
     in two intervals between such stages is held across the stage between them or regenerated in each,
     and a recomputation needs its inputs. The trivial bound where nothing is over budget or with compression.
     ``gap_rows``: with the idle-gap rows (:mod:`poetlab.planners.poet.idle_gaps`, NOTE 7: the same optimum, a
     stronger LP); ``integral=False``: its LP relaxation only (a weaker bound, no schedule); ``kept_rows=False``:
-    without the kept-through rows (NOTE 8; a weaker relaxation, for measurements only)."""
-    import time
+    without the kept-through rows (NOTE 8; a weaker relaxation, for measurements only).
 
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    ``start``: a schedule whose point (:func:`interval_point`) HiGHS starts from where it meets every row (NOTE 13:
+    an incumbent at about the schedule's energy from the first second, so HiGHS prunes from the root on);
+    ``target_j``: stop as soon as the dual bound reaches it (the caller's certificate). With either, HiGHS runs
+    through highspy (scipy's ``milp`` takes no start and no callback), in this process, with the same options."""
+    import time
 
     started = time.perf_counter()
     trivial = costs.plain_step_energy_j
@@ -216,11 +225,23 @@ def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     if gap_rows:
         problem = with_gap_rows(graph, problem)
     n = problem.cost.size
-    constraints = [LinearConstraint(problem.A, problem.row_lower, problem.row_upper)]
-    if problem.runtime is not None:
-        constraints.append(LinearConstraint(problem.runtime[None, :], -np.inf, problem.slack_s))
-    result = milp(problem.cost, constraints=constraints, integrality=np.full(n, 1.0 if integral else 0.0), bounds=Bounds(np.zeros(n), problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": mip_gap})
-    log.debug("interval bound: status %s, incumbent %s, dual bound %s", result.status, result.fun, getattr(result, "mip_dual_bound", None))
+    x0 = None if start is None else interval_point(graph, problem, start)
+    if x0 is not None and not _meets_rows(problem, x0):
+        log.info("interval relaxation: the start's point breaks a row; solved without it")
+        x0 = None
+    built_s = time.perf_counter() - started
+    if start is not None or target_j is not None:
+        log.info("interval relaxation built in %.1f s: %d columns, %d rows%s", built_s, n, problem.A.shape[0], "" if x0 is None else f", the start's point at {1 + float(problem.cost @ x0):.6f}")
+        target = None if target_j is None else target_j / trivial - 1.0
+        result = _solve_highspy(problem, integral, time_limit_s - built_s, mip_gap, x0, target)
+    else:
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        constraints = [LinearConstraint(problem.A, problem.row_lower, problem.row_upper)]
+        if problem.runtime is not None:
+            constraints.append(LinearConstraint(problem.runtime[None, :], -np.inf, problem.slack_s))
+        result = milp(problem.cost, constraints=constraints, integrality=np.full(n, 1.0 if integral else 0.0), bounds=Bounds(np.zeros(n), problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": mip_gap})
+    log.debug("interval bound: built in %.1f s, status %s, incumbent %s, dual bound %s", built_s, result.status, result.fun, getattr(result, "mip_dual_bound", None))
     schedule = None if result.x is None or not integral else interval_schedule(graph, problem, np.asarray(result.x) > 0.5)
     seconds = time.perf_counter() - started
     size = (n, problem.A.shape[0])
@@ -234,13 +255,16 @@ def interval_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0 and integral, schedule, *size, seconds, incumbent)
 
 
-def _point(graph: TrainingGraph, problem: _Problem, schedule: Schedule) -> np.ndarray | None:
+def interval_point(graph: TrainingGraph, problem: _Problem, schedule: Schedule) -> np.ndarray | None:
     """The relaxation's point of a schedule (NOTE 5's map, with NOTE 8's page-ins that land something and NOTE 7's
     idle-gap columns): H[j, a] = S_RAM[t_a + 1, j] and (S_RAM[t_a, j] or R[t_a, j]); RC[j, a] = a rerun of j in
     stages t_a + 1 .. t_{a+1}; PG[j, a] = a page-in of j in stages t_a .. t_{a+1} - 1 after which j is in RAM at
     the next stage's start and was not at this one's (nor recomputed in it); O[j] = a page-out of j. For a schedule
-    of POET's MILP it meets every row at no more than the schedule's energy above one plain step (NOTE 5, 7, 8);
-    other schedules may break a row (the caller checks). None for a schedule of another graph."""
+    of POET's MILP it meets every row at no more than the schedule's energy above one plain step (NOTE 5, 7, 8):
+    at most, not exactly, because a column prices a tensor once per interval (two reruns of j inside one interval,
+    or a page-out repeated, count once), page-ins that land nothing and reruns of untracked tensors are not priced.
+    Other schedules (DTR's, which frees a tensor one stage late for the MILP) may break a row (the caller checks).
+    None for a schedule of another graph. It is how a schedule starts the relaxation (:func:`interval_bound`)."""
     T = graph.n_nodes
     if schedule.n_nodes != T:
         return None
@@ -272,7 +296,7 @@ def _point(graph: TrainingGraph, problem: _Problem, schedule: Schedule) -> np.nd
 
 
 def interval_value(graph: TrainingGraph, costs: CostModel, options: MilpOptions, schedule: Schedule, gap_rows: bool = True, kept_rows: bool = True) -> float | None:
-    """The relaxation's objective (J, one plain step included) at ``schedule``'s point (:func:`_point`), or
+    """The relaxation's objective (J, one plain step included) at ``schedule``'s point (:func:`interval_point`), or
     None where that point breaks a row; one plain step where nothing is over budget (or with compression). For a
     schedule of POET's MILP it is never None and never above the schedule's energy: NOTE 5, 7 and 8's arguments,
     checked row by row on exact optima by the tests (NOTE 10)."""
@@ -281,10 +305,81 @@ def interval_value(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
         return costs.plain_step_energy_j
     if gap_rows:
         problem = with_gap_rows(graph, problem)
-    x = _point(graph, problem, schedule)
+    x = interval_point(graph, problem, schedule)
     if x is None or not _meets_rows(problem, x):
         return None
     return costs.plain_step_energy_j * (1.0 + float(problem.cost @ x))
+
+
+class _Result:
+    """scipy's ``milp`` result, the fields :func:`interval_bound` reads (status 0 optimal, 1 stopped, 2 infeasible;
+    ``fun``, what it reports at status 0, is here the dual bound: never above the incumbent, so a bound at any gap)."""
+
+    def __init__(self, status: int, x: np.ndarray | None, fun: float | None, mip_dual_bound: float | None) -> None:
+        self.status, self.x, self.fun, self.mip_dual_bound = status, x, fun, mip_dual_bound
+
+
+def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None) -> _Result:
+    """The relaxation by highspy in this process (one thread, as scipy's ``milp`` runs it), from ``x0`` where given,
+    stopped once the dual bound reaches ``target`` (the objective above one plain step). Logs when the root's bound
+    first shows and when the target is reached (NOTE 13's timings)."""
+    import time
+
+    import highspy
+
+    started = time.perf_counter()
+    n = problem.cost.size
+    A = problem.A
+    lower, upper = problem.row_lower, problem.row_upper
+    if problem.runtime is not None:
+        A = sp.vstack([A, sp.csr_matrix(problem.runtime[None, :])])
+        lower, upper = np.append(lower, -np.inf), np.append(upper, problem.slack_s)
+    A = sp.csc_matrix(A)
+    h = highspy.Highs()
+    for name, value in (("output_flag", False), ("threads", 1), ("time_limit", max(0.1, float(time_limit_s))), ("mip_rel_gap", float(mip_gap)), ("random_seed", 0)):
+        h.setOptionValue(name, value)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, A.shape[0]
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = problem.cost, np.zeros(n), problem.upper
+    lp.row_lower_ = np.where(np.isfinite(lower), lower, -highspy.kHighsInf)
+    lp.row_upper_ = np.where(np.isfinite(upper), upper, highspy.kHighsInf)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+    lp.integrality_ = [highspy.HighsVarType.kInteger if integral else highspy.HighsVarType.kContinuous] * n
+    h.passModel(lp)
+    if x0 is not None:
+        h.setSolution(n, np.arange(n, dtype=np.int32), np.asarray(x0, dtype=np.float64))
+    seen: dict[str, float] = {}
+
+    def on_progress(event) -> None:
+        bound = float(event.data_out.mip_dual_bound)
+        if not np.isfinite(bound):
+            return
+        seen.setdefault("first bound", time.perf_counter() - started)
+        if target is not None and bound >= target:
+            seen.setdefault("target", time.perf_counter() - started)
+            event.data_in.user_interrupt = True
+
+    def on_improving(event) -> None:
+        log.debug("interval relaxation: incumbent %.6f at %.1f s", 1 + float(event.data_out.objective_function_value), time.perf_counter() - started)
+
+    h.cbMipInterrupt.subscribe(on_progress)
+    h.cbMipImprovingSolution.subscribe(on_improving)
+    h.run()
+    info, status = h.getInfo(), h.getModelStatus()
+    S = highspy.HighsModelStatus
+    has = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    bound = float(info.mip_dual_bound) if integral else (float(info.objective_function_value) if status == S.kOptimal else None)
+    log.info(
+        "interval relaxation (highspy%s): %s in %.1f s, first dual bound at %s, target %s, dual bound %s, incumbent %s",
+        ", from a start" if x0 is not None else "", h.modelStatusToString(status), time.perf_counter() - started,
+        f"{seen['first bound']:.1f} s" if "first bound" in seen else "-", f"reached at {seen['target']:.1f} s" if "target" in seen else "not reached",
+        f"{1 + bound:.6f}" if bound is not None and np.isfinite(bound) else "-", f"{1 + info.objective_function_value:.6f}" if has else "-",
+    )
+    code = 0 if status == S.kOptimal else 2 if status == S.kInfeasible else 1
+    x = np.asarray(h.getSolution().col_value) if has else None
+    bound = bound if bound is not None and np.isfinite(bound) else None
+    return _Result(code, x, bound, bound)
 
 
 def _meets_rows(problem: _Problem, x: np.ndarray, tolerance: float = 1e-6) -> bool:

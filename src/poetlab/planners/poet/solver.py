@@ -9,10 +9,12 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else, where the best start is near the bound, solve the stage relaxation
-   (:mod:`poetlab.planners.poet.relaxation`) for a share of the time limit: its bound joins the eviction
-   bound, its solution made into a schedule joins the starts, and a start within the gap of the better
-   bound is optimal. Where the best start is far above the bound (at once, or after the stage
+   optimal. Else, where the best start is near the bound, solve the interval relaxation
+   (:mod:`poetlab.planners.poet.intervals`, without its kept-through and idle-gap rows) from the best start
+   for a share of the time limit (the stage relaxation, :mod:`poetlab.planners.poet.relaxation`, where the
+   interval relaxation makes no schedules: without recomputation, with page-ins charged): its bound joins
+   the eviction bound, its solution made into a schedule joins the starts, and a start within the gap of
+   the better bound is optimal. Where the best start is far above the bound (at once, or after the stage
    relaxation raised it), solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
    budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
@@ -44,7 +46,7 @@ from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
-from poetlab.planners.poet.intervals import interval_start
+from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
@@ -56,8 +58,10 @@ STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 # Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
 # nothing the quick starts do not already give, and the whole solve must end near its limit.
 STAGED_MIN_TIME_LIMIT_S = 10.0
-#: the share of the time limit the stage relaxation may take (its solve is the best start and bound on
-#: the instances the eviction bound leaves open; docs/solve.md, NOTE 3)
+#: the share of the time limit the relaxation near the bound may take: the interval relaxation from the best start
+#: (docs/solve.md, NOTE 13: it certified vgg16_cifar/m4/10% in about a second where the stage relaxation took 6-9 s,
+#: and bert/jetsontx2 at its smallest footprint, which nothing certified before), or the stage relaxation where
+#: that makes no schedules (NOTE 3)
 RELAXATION_SHARE = 0.4
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
 RELAXATION_MIN_TIME_LIMIT_S = 5.0
@@ -223,8 +227,10 @@ def solve(
 
     ``bound``: ``eviction`` (default) proves a lower bound before the MILP (:func:`poetlab.planners.poet.bounds.eviction_bound`:
     the cheapest regeneration of what the budget cannot hold), then, if no start meets it, solves the
-    stage relaxation (:func:`poetlab.planners.poet.relaxation.stage_relaxation`, ``RELAXATION_SHARE`` of
-    a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound and a start; the solve ends as soon as a schedule is within
+    interval relaxation from the best start (:func:`poetlab.planners.poet.intervals.interval_bound`; the stage
+    relaxation, :func:`poetlab.planners.poet.relaxation.stage_relaxation`, without recomputation or with page-ins
+    charged; ``RELAXATION_SHARE`` of a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound
+    and a start; the solve ends as soon as a schedule is within
     ``mip_gap`` of the better bound. ``trivial`` keeps one plain step's energy, as before them (benchmarks).
 
     ``starts`` are schedules of your own (another planner's, a previous solve's) that POET should start
@@ -350,10 +356,17 @@ def solve(
     far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
-        relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
-        lower_bound = max(lower_bound, relaxed.bound_j)
-        start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
-        log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+        share = max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining))
+        if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
+            warm = interval_bound(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9))
+            lower_bound = max(lower_bound, warm.bound_j)
+            start, start_sim = _better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected)
+            log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", lower_bound, lower_bound / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
+        else:
+            relaxed = stage_relaxation(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start)
+            lower_bound = max(lower_bound, relaxed.bound_j)
+            start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
+            log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and far and not proven():
