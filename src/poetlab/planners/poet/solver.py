@@ -58,11 +58,13 @@ STATUSES = ("optimal", "feasible", "infeasible", "time_limit")
 # Below this time limit the staged one-lever solves are skipped: a quarter of a few seconds buys them
 # nothing the quick starts do not already give, and the whole solve must end near its limit.
 STAGED_MIN_TIME_LIMIT_S = 10.0
-#: the share of the time limit the relaxation near the bound may take: the interval relaxation from the best start
-#: (docs/solve.md, NOTE 13: it certified vgg16_cifar/m4/10% in about a second where the stage relaxation took 6-9 s,
-#: and bert/jetsontx2 at its smallest footprint, which nothing certified before), or the stage relaxation where
-#: that makes no schedules (NOTE 3)
+#: the share of the time limit the stage relaxation may take near the bound, where the interval relaxation makes no
+#: schedules (without recomputation, with page-ins charged; docs/solve.md, NOTE 3)
 RELAXATION_SHARE = 0.4
+#: and the share the interval relaxation from the best start takes there otherwise, at most ``INTERVAL_MAX_S`` (NOTE 13:
+#: it certified vgg16_cifar/m4/10% in about a second where the stage relaxation took 6-9 s, and bert/jetsontx2 at its
+#: smallest footprint, which nothing certified before, where its root takes 3-5 s under load)
+NEAR_INTERVAL_SHARE = 0.5
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
 RELAXATION_MIN_TIME_LIMIT_S = 5.0
 #: the share of the time limit the window search may take (:mod:`poetlab.planners.poet.neighbourhood`:
@@ -229,7 +231,7 @@ def solve(
     the cheapest regeneration of what the budget cannot hold), then, if no start meets it, solves the
     interval relaxation from the best start (:func:`poetlab.planners.poet.intervals.interval_bound`; the stage
     relaxation, :func:`poetlab.planners.poet.relaxation.stage_relaxation`, without recomputation or with page-ins
-    charged; ``RELAXATION_SHARE`` of a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound
+    charged; ``NEAR_INTERVAL_SHARE``, resp. ``RELAXATION_SHARE``, of a time limit of ``RELAXATION_MIN_TIME_LIMIT_S`` or more) for a second bound
     and a start; the solve ends as soon as a schedule is within
     ``mip_gap`` of the better bound. ``trivial`` keeps one plain step's energy, as before them (benchmarks).
 
@@ -356,14 +358,14 @@ def solve(
     far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
-        share = max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining))
         if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
+            share = max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s))  # (the second repair keeps its share)
             warm = interval_bound(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9))
             lower_bound = max(lower_bound, warm.bound_j)
             start, start_sim = _better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected)
             log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", lower_bound, lower_bound / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
         else:
-            relaxed = stage_relaxation(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start)
+            relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
             lower_bound = max(lower_bound, relaxed.bound_j)
             start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
             log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
