@@ -46,7 +46,7 @@ import scipy.sparse as sp
 
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
-from poetlab.planners.poet.bounds import eviction_demands
+from poetlab.planners.poet.bounds import eviction_demands, proven_extra
 from poetlab.planners.poet.idle_gaps import with_gap_rows
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.rows import SparseRows
@@ -249,10 +249,10 @@ def interval_bound(
     if result.status == 2:
         log.info("interval bound: its relaxation is infeasible")
         return IntervalBound(trivial, False, None, *size, seconds)
-    extra = result.fun if result.status == 0 else getattr(result, "mip_dual_bound", None)
-    if extra is None or not np.isfinite(extra):
+    extra = proven_extra(result, mip_gap)
+    if extra is None:
         return IntervalBound(trivial, False, schedule, *size, seconds, incumbent)
-    return IntervalBound(trivial * (1.0 + max(0.0, float(extra)) * (1 - 1e-9)), result.status == 0 and integral, schedule, *size, seconds, incumbent)
+    return IntervalBound(trivial * (1.0 + max(0.0, extra)), result.status == 0 and integral, schedule, *size, seconds, incumbent)
 
 
 def interval_point(graph: TrainingGraph, problem: _Problem, schedule: Schedule) -> np.ndarray | None:
