@@ -61,10 +61,12 @@ STAGED_MIN_TIME_LIMIT_S = 10.0
 #: the share of the time limit the stage relaxation may take near the bound, where the interval relaxation makes no
 #: schedules (without recomputation, with page-ins charged; docs/solve.md, NOTE 3)
 RELAXATION_SHARE = 0.4
-#: and the share the interval relaxation from the best start takes there otherwise, at most ``INTERVAL_MAX_S`` (NOTE 13:
+#: and the share the interval relaxation from the best start takes there otherwise, and its most seconds (NOTE 13:
 #: it certified vgg16_cifar/m4/10% in about a second where the stage relaxation took 6-9 s, and bert/jetsontx2 at its
-#: smallest footprint, which nothing certified before, where its root takes 3-5 s under load)
+#: smallest footprint, which nothing certified before, where its root takes 3-5 s under load; longer, it took time
+#: from the repair and the window search on the 60 s grid's near rows)
 NEAR_INTERVAL_SHARE = 0.5
+NEAR_INTERVAL_MAX_S = 12.0
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
 RELAXATION_MIN_TIME_LIMIT_S = 5.0
 #: the share of the time limit the window search may take (:mod:`poetlab.planners.poet.neighbourhood`:
@@ -359,7 +361,7 @@ def solve(
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
-            share = max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s))  # (the second repair keeps its share)
+            share = max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s))  # (the second repair keeps its share)
             warm = interval_bound(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9))
             lower_bound = max(lower_bound, warm.bound_j)
             start, start_sim = _better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected)
