@@ -484,3 +484,11 @@ def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
             schedules.append(found.schedule)
             break
     return exact.bound_j, schedules
+
+
+def interval_problem(graph: TrainingGraph, costs: CostModel, options: MilpOptions, gap_rows: bool = True, kept_rows: bool = True) -> _Problem | None:
+    """The relaxation as arrays, for another backend (:mod:`poetlab.planners.poet.cpsat`): binary columns, costs
+    in plain steps above one, its rows and its runtime row apart; with the idle-gap rows unless ``gap_rows`` is
+    False. None where nothing is over budget, or with compression (the trivial bound)."""
+    problem = _build(graph, costs, options, kept_rows)
+    return problem if problem is None or not gap_rows else with_gap_rows(graph, problem)
