@@ -279,8 +279,9 @@ class TrainingGraph:
     def reserved_bytes(self) -> int:
         """Bytes held beside the graph's tensors and workspaces that no schedule moves, which
         :func:`poetlab.solve` keeps free for the whole step: the RNG states an executor saves to replay
-        dropout in a rerun (``metadata["rng_state_bytes"]``), what the loss's storage holds beyond its value
-        for the whole backward pass (``metadata["loss_storage_bytes"]``: MSELoss's unreduced buffer), and,
+        dropout in a rerun (``metadata["rng_state_bytes"]``), what the step holds for its loss through the
+        whole backward pass (``metadata["loss_storage_bytes"]``: its storage, MSELoss's unreduced buffer, and
+        the gradient ``backward()`` seeds it with), and,
         in graphs traced before :mod:`poetlab.torch.gradients` counted them where they live, the gradient
         contributions autograd holds for a parameter that several nodes use
         (``metadata["shared_gradient_bytes"]``); 0 elsewhere. (No margin beside them: with each operation's
