@@ -92,3 +92,33 @@ def test_output_bytes_least_is_an_output_less_what_early_release_lets_go():
     plain = TrainingGraph("dropout_chain", nodes, {})
     assert graph.output_bytes_least.tolist() == [0, 100, 50, 100, 4, 4, 100, 100, 0]
     assert plain.output_bytes_least.tolist() == plain.output_bytes.tolist()
+
+
+def test_a_nodes_footprint_counts_the_workspace_left_alone_the_least_a_schedule_gets():
+    """``min_footprint_bytes`` bounds every schedule from below (solve refuses a budget under it), so it counts a
+    backward node's workspace where the schedule leaves its forward node alone (``workspace_left_alone``, below
+    0 where its peak comes after its saved tensors made room), as checkpoint-all gets it: with the full figure
+    it claimed more than checkpoint-all's simulated peak, and a budget checkpoint-all fits was refused."""
+    import numpy as np
+
+    from poetlab import CostModel, load_platform
+    from poetlab.core.graph import min_footprint_bytes
+    from poetlab.core.schedule import checkpoint_all_schedule, simulate
+
+    plain = build_paper_graph("linear")
+    b = next(i for i in plain.backward_indices if any(not plain.nodes[j].is_backward and plain.nodes[j].kind != "input" for j in plain.nodes[i].inputs))
+    f = next(j for j in plain.nodes[b].inputs if not plain.nodes[j].is_backward)
+    metadata = {
+        **plain.metadata,
+        "backward_of": {plain.nodes[b].name: plain.nodes[f].name},
+        "workspace_by_node": {plain.nodes[b].name: 10 * int(plain.output_bytes.max())},
+        "workspace_left_alone_by_node": {plain.nodes[b].name: -int(plain.output_bytes[f]) // 2},
+    }
+    graph = TrainingGraph(plain.name, plain.nodes, metadata)
+    costs = CostModel.from_flops(graph, load_platform("a72"))
+    peak = simulate(checkpoint_all_schedule(graph), graph, costs).peak_ram_bytes
+    footprint, node = min_footprint_bytes(graph)
+    assert footprint <= peak
+    sizes = graph.output_bytes
+    assert footprint == max(int(sizes[i]) + int(graph.workspace_left_alone[i]) + sum(int(sizes[j]) for j in set(n.inputs)) for i, n in enumerate(graph.nodes))
+    assert np.any(graph.workspace_left_alone < 0)

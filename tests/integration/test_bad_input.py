@@ -522,9 +522,9 @@ def test_signal_to_execute_removes_page_files(how, tmp_path):
 
     pages = tmp_path / "pages"
     pages.mkdir()
-    # bert_small_torch at 481,000 bytes (its smallest footprint is 459,776 plus 20,224 kept free; checkpoint-all
-    # needs 469,248) pages a tensor out every step; 100,000 steps run for minutes
-    process = _start_cli("execute", "--model", "bert_small_torch", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "481000",
+    # bert_small_torch at batch 2 and 960,000 bytes (its smallest footprint is 935,424 plus 20,232 kept free;
+    # checkpoint-all needs 951,808) pages a tensor out every step; 100,000 steps run for minutes
+    process = _start_cli("execute", "--model", "bert_small_torch", "--batch-size", "2", "--platform", "a72", "--platform-dir", str(PLATFORM_DIR), "--ram-budget", "960000",
                          "--steps", "100000", "--time-limit", "30", "--paging-dir", str(pages), cwd=tmp_path)
     try:
         wait_for(lambda: _page_files(pages), 240, "a page file")

@@ -149,7 +149,7 @@ def test_nanogpts_q_k_and_v_are_paged_and_recomputed_with_their_projection(which
 @pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
 def test_poet_at_a_tight_budget_trains_as_plain_autograd_within_it(fuse):
     module, inputs, targets, graph, costs = _case(fuse)
-    for budget in budget_ladder(graph, costs, (0.1, 0.3, 0.5)):
+    for budget in budget_ladder(graph, costs, (0.1, 0.3, 0.5, 0.7, 0.9)):
         result = poetlab.solve(graph, costs, budget, time_limit_s=10)
         if result.schedule is not None and (result.schedule.n_recomputes or result.schedule.count(OpKind.PAGE_OUT)):
             break

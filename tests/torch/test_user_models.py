@@ -19,6 +19,7 @@ from poetlab.planners.comparison import budget_ladder
 from poetlab.errors import InvalidArgumentError
 from poetlab.torch.execute import execute
 from poetlab.torch.execute.result import ExecutionError
+from poetlab.torch.models import build_torch_model
 from poetlab.torch.trace import trace
 from poetlab.torch.user_models import load_user_model
 from execute_cases import trains_as_plain_autograd
@@ -52,8 +53,7 @@ def _plan(graph, costs):
 
 
 #: (model, fused) whose checkpoint-all peak is one node's own footprint: nothing to plan below it (a fused
-#: group's backward holds its inner tensors' gradients and a convolution's unfolded input at once); weight
-#: tying fused has room since the tied weight's gradient contributions count only while autograd holds them
+#: Conv+BatchNorm+ReLU group's backward needs its inputs, its gradient and a convolution's unfolded input at once)
 NO_ROOM = {("aux_tuple", True)}
 
 @pytest.mark.parametrize("name, fuse", ZOO)
@@ -67,13 +67,6 @@ def test_the_zoo_trains_as_plain_autograd_within_its_budget(name, fuse):
     assert (result.n_recomputes + result.n_pageouts > 0) == ((name, fuse) not in NO_ROOM)
 
 
-#: (model, fused) whose checkpoint-all peak the simulator still puts more than 5% above a plain step's measured
-#: one (docs/tracing.md): a fused group's backward holds the tensors autograd saved inside the group (a dropout's
-#: mask, the input of its SiLU or BatchNorm) until it is done, where autograd lets each go as its operation's
-#: backward ends. All overstate: the budget still holds.
-OVER_5_PERCENT = {("reused", True), ("aux_tuple", True)}
-
-
 def _plain_step_peak(model) -> int:
     """A plain step's measured peak, parameter gradients left out (as ``compare_training`` measures it)."""
     from poetlab.torch.allocations import measure_allocations
@@ -84,10 +77,7 @@ def _plain_step_peak(model) -> int:
     return allocation.peak_excluding(p.grad.data_ptr() for p in module.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize("name, fuse", [
-    pytest.param(*p.values, id=p.id, marks=[*p.marks, *([pytest.mark.xfail(strict=True, reason="overstated: OVER_5_PERCENT")] if tuple(p.values) in OVER_5_PERCENT else [])])
-    for p in ZOO
-])
+@pytest.mark.parametrize("name, fuse", ZOO)
 def test_checkpoint_all_peak_is_within_5_percent_of_a_plain_steps(name, fuse):
     """The simulator's checkpoint-all peak (each operation's workspace counted while it runs, a shared
     parameter's gradient contributions where autograd holds them, and the loss's storage, which a plain step
@@ -98,6 +88,21 @@ def test_checkpoint_all_peak_is_within_5_percent_of_a_plain_steps(name, fuse):
     predicted = simulate(checkpoint_all_schedule(graph), graph, costs, fixed_bytes=graph.metadata["loss_storage_bytes"]).peak_ram_bytes
     measured = _plain_step_peak(model)
     assert abs(predicted / measured - 1) <= 0.05, f"{name}: predicted {predicted:,}, measured {measured:,} ({predicted / measured:.3f})"
+
+
+@pytest.mark.parametrize("name, batch_size", [("examples/gru.py:make", None), ("bert_small_torch", 1), ("bert_small_torch", 4)])
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+def test_checkpoint_all_peak_is_at_or_above_a_plain_steps_on_a_recurrent_and_an_attention_model(name, batch_size, fuse):
+    """No under-prediction (a budget the executor could exceed): a GRU's backward sums a weight-gradient
+    contribution per timestep before its input weights' gradient is made, a tuple's two getitems hold its
+    gradient once, and a step holds its loss and the gradient ``backward()`` seeds it with to the end
+    (``poetlab.torch.workspace``). These under-predicted by 1.4 to 3.3% (at fused BERT's batch 4, 62 KB)."""
+    model = load_user_model(str(REPO / name)) if batch_size is None else build_torch_model(name, batch_size)
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=fuse)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("a72"))
+    predicted = simulate(checkpoint_all_schedule(graph), graph, costs, fixed_bytes=graph.metadata["loss_storage_bytes"]).peak_ram_bytes
+    measured = _plain_step_peak(model)
+    assert measured <= predicted <= 1.05 * measured, f"{name}: predicted {predicted:,}, measured {measured:,} ({predicted / measured:.3f})"
 
 
 def test_nanogpt_as_nanogpt_writes_it_traces_with_no_shape_nodes():

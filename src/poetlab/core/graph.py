@@ -128,11 +128,16 @@ class TrainingGraph:
         (no recompute, no paging): the gradients of a graph whose backward pass is autograd's
         (``metadata["gradients_in_engine"]``, set by :func:`poetlab.torch.trace`). Autograd's engine holds
         each gradient from the node that makes it to the one that reads it, out of any executor's
-        reach, so a plan that pages or recomputes one could not be carried out as planned. (The batch
-        is the caller's: an executor keeps it whatever the plan says, and "recomputing" it is a no-op.)"""
+        reach, so a plan that pages or recomputes one could not be carried out as planned; and its loss
+        node: the step holds the loss it computed to the end of ``loss.backward()``, so a rerun makes a
+        second one beside it, with its storage (an MSE's batch-sized buffer, which the graph does not
+        count: ``metadata["loss_storage_bytes"]``), and nothing is gained (the loss's backward reads it
+        next). (The batch is the caller's: an executor keeps it whatever the plan says, and "recomputing"
+        it is a no-op.)"""
         mask = np.zeros(self.n_nodes, dtype=bool)
         if self.metadata.get("gradients_in_engine"):
             mask[list(self.backward_indices)] = True
+            mask[[i for i, node in enumerate(self.nodes) if node.kind == "loss"]] = True
         mask.setflags(write=False)
         return mask
 
@@ -251,6 +256,20 @@ class TrainingGraph:
         lower = self.workspace_left_alone < self.workspace
         return _readonly(np.array([index[backward_of[node.name]] if lower[i] else -1 for i, node in enumerate(self.nodes)], dtype=np.int64))
 
+    @cached_property
+    def workspace_readers(self) -> dict[int, tuple[int, ...]]:
+        """Per forward node that picks a backward node's workspace (:attr:`workspace_owner`), the forward nodes
+        that read its output or a view of it. The lower figure (:attr:`workspace_left_alone`) counts on that
+        output going as the backward node runs, once what the node saved of it goes; an executor keeps a
+        rerun's inputs until the schedule frees them, so a rerun of one of these readers keeps it, and the
+        backward node gets :attr:`workspace` (as where the schedule manages the node itself)."""
+        views = self.view_bases
+        out: dict[int, tuple[int, ...]] = {}
+        for f in sorted(set(self.workspace_owner[self.workspace_owner >= 0].tolist())):
+            holders = [f, *(v for v, bases in views.items() if f in bases)]
+            out[f] = tuple(sorted({c for h in holders for c in self.consumers[h] if not self.nodes[c].is_backward} - {f}))
+        return out
+
     @property
     def workspace_bytes(self) -> int:
         """The largest workspace of one operation (:attr:`workspace`): 0 on the paper's graphs."""
@@ -260,8 +279,9 @@ class TrainingGraph:
     def reserved_bytes(self) -> int:
         """Bytes held beside the graph's tensors and workspaces that no schedule moves, which
         :func:`poetlab.solve` keeps free for the whole step: the RNG states an executor saves to replay
-        dropout in a rerun (``metadata["rng_state_bytes"]``), what the loss's storage holds beyond its value
-        for the whole backward pass (``metadata["loss_storage_bytes"]``: MSELoss's unreduced buffer), and,
+        dropout in a rerun (``metadata["rng_state_bytes"]``), what the step holds for its loss through the
+        whole backward pass (``metadata["loss_storage_bytes"]``: its storage, MSELoss's unreduced buffer, and
+        the gradient ``backward()`` seeds it with), and,
         in graphs traced before :mod:`poetlab.torch.gradients` counted them where they live, the gradient
         contributions autograd holds for a parameter that several nodes use
         (``metadata["shared_gradient_bytes"]``); 0 elsewhere. (No margin beside them: with each operation's
@@ -367,10 +387,13 @@ def _node_from_dict(n: object, where: str) -> Node:
 
 
 def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
-    """(bytes, node): the largest output-plus-inputs (plus the node's workspace, :attr:`TrainingGraph.workspace`)
-    of any node, which any schedule must hold at once."""
+    """(bytes, node): the largest output-plus-inputs (plus the node's workspace) of any node, which any schedule
+    must hold at once. The workspace is :attr:`TrainingGraph.workspace_left_alone`, the least any schedule
+    gets (checkpoint-all's): with :attr:`TrainingGraph.workspace`, a fused group's backward that autograd
+    runs after its saved tensors have made room claimed more than checkpoint-all's peak, and a budget that
+    checkpoint-all fits was refused as below it."""
     sizes = graph.output_bytes
-    workspace = graph.workspace  # (not workspace_left_alone: a node's own footprint, whatever the schedule)
+    workspace = graph.workspace_left_alone
     footprint = np.array([sizes[i] + workspace[i] + sum(int(sizes[j]) for j in set(node.inputs)) for i, node in enumerate(graph.nodes)])
     node = int(footprint.argmax())
     return int(footprint[node]), node

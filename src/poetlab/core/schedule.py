@@ -358,6 +358,18 @@ def managed_nodes(graph: TrainingGraph, schedule: Schedule) -> frozenset[int]:
     return frozenset(managed)
 
 
+def left_alone_owners(graph: TrainingGraph, schedule: Schedule, managed: frozenset[int]) -> frozenset[int]:
+    """The forward nodes of :attr:`TrainingGraph.workspace_owner` whose backward node gets
+    :attr:`TrainingGraph.workspace_left_alone` under ``schedule``: not ``managed`` (:func:`managed_nodes`),
+    none of their readers (:attr:`TrainingGraph.workspace_readers`) computed twice, since an executor keeps
+    a rerun's inputs until the schedule frees them."""
+    readers = graph.workspace_readers
+    if not readers:
+        return frozenset()
+    counts = np.bincount([op.node for op in schedule.ops if op.kind is OpKind.COMPUTE], minlength=graph.n_nodes)
+    return frozenset(f for f, these in readers.items() if f not in managed and all(counts[j] <= 1 for j in these))
+
+
 def released_nodes(graph: TrainingGraph, schedule: Schedule, managed: frozenset[int] | None = None) -> frozenset[int]:
     """The nodes of :attr:`TrainingGraph.early_release` whose output tensor goes before their free under
     ``schedule``: left alone (not :func:`managed_nodes`, which a caller that has them may pass), none of their
@@ -434,7 +446,7 @@ def simulate(
     release = graph.early_release
     managed = managed_nodes(graph, schedule) if (owner >= 0).any() or release else frozenset()
     if (owner >= 0).any():  # (a backward node's workspace is lower where the schedule leaves its forward node alone)
-        workspace = np.where((owner >= 0) & ~np.isin(owner, list(managed)), graph.workspace_left_alone, workspace)
+        workspace = np.where((owner >= 0) & np.isin(owner, list(left_alone_owners(graph, schedule, managed))), graph.workspace_left_alone, workspace)
     # (a left-alone node's output tensor goes after its last tensor reader's stage, its saved tensors stay: from
     # the stage after its last tensor reader's to its last reader's, as the MILP's rows count it)
     consumers = graph.consumers
@@ -470,7 +482,7 @@ def simulate(
                 released[f] = release[f][1] if going else 0
         if op.kind is OpKind.COMPUTE:
             if computed[i] and pinned[i]:
-                raise InvalidScheduleError(step, op, f"recomputes {graph.nodes[i].name}, a gradient held by autograd's engine (only forward nodes of a traced graph can be recomputed)")
+                raise InvalidScheduleError(step, op, f"recomputes {graph.nodes[i].name}, which a traced step computes once and holds (a gradient in autograd's engine, or the loss: TrainingGraph.pinned)")
             missing = [j for j in inputs[i] if not in_ram[j]]
             if missing:
                 raise InvalidScheduleError(step, op, f"input {graph.nodes[missing[0]].name} (node {missing[0]}) is not in RAM")
@@ -495,7 +507,7 @@ def simulate(
             if not in_ram[i]:
                 raise InvalidScheduleError(step, op, "pages out a tensor that is not in RAM")
             if pinned[i]:
-                raise InvalidScheduleError(step, op, f"pages out {graph.nodes[i].name}, a gradient held by autograd's engine (only forward nodes of a traced graph can be paged)")
+                raise InvalidScheduleError(step, op, f"pages out {graph.nodes[i].name}, which a traced step computes once and holds (a gradient in autograd's engine, or the loss: TrainingGraph.pinned)")
             on_flash[i] = True
             pageout_energy += costs.pageout_energy_j[i]
             paging_time += costs.pageout_time_s[i]

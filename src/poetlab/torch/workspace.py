@@ -13,7 +13,7 @@ into one piece per run. A run's workspace is its peak above what it leaves alloc
 saved, the gradients it returns). The trace keeps each node's (``TrainingGraph.workspace``), which the
 simulator and the POET MILP count while that node computes (forward, rerun or backward), and the RNG states
 the executor keeps to replay dropout (:func:`rng_reserve_bytes`) and what the loss's storage holds beyond its
-value (:func:`loss_storage_bytes`), both in ``TrainingGraph.reserved_bytes``, which :func:`poetlab.solve` keeps
+value and the gradient that seeds the backward pass (:func:`loss_storage_bytes`), both in ``TrainingGraph.reserved_bytes``, which :func:`poetlab.solve` keeps
 free for the whole step: the RAM budget is a budget of the allocator's bytes. The same runs measure the
 gradients each backward node returns, each storage once (:class:`OperationBytes`, :mod:`poetlab.torch.gradients`).
 """
@@ -38,21 +38,38 @@ __all__ = ["OperationBytes", "measure_operations", "measure_workspaces", "loss_s
 _MARKER_BYTES = 7_777_777  # (markers are _MARKER_BYTES + k bytes: k-th cut of the event stream)
 
 
-def _transient(events: list[tuple[int, int, int]]) -> int:
-    """Peak of the running sum of ``events`` above what they allocate and leave allocated (an operation's
-    results). Memory that existed before and is freed on the way (a saved tensor autograd lets go of in a
-    backward) lowers the running sum but not that line: the simulator holds such a tensor until the
-    operation is done, so only the peak above the results is the operation's own."""
+def _peak(events: list[tuple[int, int, int]], outside: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(peak of the running sum of ``events``, bytes they allocate and leave allocated). Memory that existed
+    before and is freed on the way (a saved tensor autograd lets go of in a backward) lowers the running sum.
+
+    ``outside``: addresses of results that no graph tensor holds (the parameters' gradients, which live in
+    ``.grad``, outside the budget), left out from their allocation on, as a plain step's measurement
+    leaves out ``.grad`` (:meth:`poetlab.torch.allocations.AllocationPeak.peak_excluding`). Subtracted at
+    the end instead, they took from the peak bytes that did not exist yet when it happened: a GRU's
+    input weights' gradient is made after its timesteps' peak, and its workspace came out 96 bytes."""
+    last = {ptr: k for k, (_, ptr, nbytes) in enumerate(events) if nbytes > 0 and ptr in outside}
+    skip = set(last.values())
     current = peak = 0
     kept: dict[int, int] = {}
-    for _, ptr, nbytes in events:
+    for k, (_, ptr, nbytes) in enumerate(events):
+        if k in skip:
+            continue
         current += nbytes
         peak = max(peak, current)
         if nbytes > 0:
             kept[ptr] = nbytes
         else:
             kept.pop(ptr, None)
-    return max(0, peak - sum(kept.values()))
+    return peak, sum(kept.values())
+
+
+def _transient(events: list[tuple[int, int, int]], outside: frozenset[int] = frozenset()) -> int:
+    """Peak of the running sum of ``events`` above what they allocate and leave allocated (an operation's
+    results; :func:`_peak`), at least 0. The memory freed on the way is not that line's: where the schedule
+    manages a node (NOTE [5] of docs/executor.md) its storages stay until the schedule's free, which the
+    simulator counts to that free, so only the peak above the results is the operation's own."""
+    peak, kept = _peak(events, outside)
+    return max(0, peak - kept)
 
 
 def rng_reserve_bytes(traced: TracedStep) -> int:
@@ -74,14 +91,16 @@ def rng_reserve_bytes(traced: TracedStep) -> int:
 
 
 def loss_storage_bytes(traced: TracedStep) -> int:
-    """Bytes the loss's storage holds beyond its value: ``MSELoss``'s value is a view of the buffer it
-    reduced (a batch-sized tensor, not 4 bytes), which lives as long as the loss, through the whole
-    backward pass (a plain step's ``loss.backward()`` and the executor's hold it), where the graph's loss
-    node, freed after the loss's gradient, does not reach."""
+    """Bytes a step holds for its loss through the whole backward pass, where the graph's loss node, freed
+    after the loss's gradient, does not reach: the loss's storage (``MSELoss``'s value is a view of the
+    buffer it reduced, a batch-sized tensor, not 4 bytes) and the gradient ``loss.backward()`` seeds the
+    engine with (ones of the loss's shape), both held until ``backward()`` returns, by a plain step and by
+    the executor alike (left out, a cross-entropy step's checkpoint-all peak came out 8 bytes under a
+    plain step's measured one)."""
     index = next(i for i, node in enumerate(traced.graph.nodes) if node.kind == "loss")
     with torch.random.fork_rng(devices=[]):
         loss = node_probe(traced, index).forward()
-    return sum(t.untyped_storage().nbytes() - t.numel() * t.element_size() for t in tensors_in(loss))
+    return sum(t.untyped_storage().nbytes() + t.numel() * t.element_size() for t in tensors_in(loss))
 
 
 @dataclass(frozen=True)
@@ -97,26 +116,55 @@ class OperationBytes:
     workspace: dict[int, int]
     gradient_bytes: dict[int, int]
     #: backward node index -> its workspace where its forward node is left alone, where lower than
-    #: ``workspace`` (``TrainingGraph.workspace_left_alone``)
+    #: ``workspace`` (``TrainingGraph.workspace_left_alone``): its peak above the bytes the simulator counts
+    #: for it from its start, below 0 where that peak comes after its saved tensors made room
     workspace_left_alone: dict[int, int]
 
 
-def _gradient_bytes(grads: list[tuple[torch.Tensor | None, torch.Tensor]]) -> int:
-    """Bytes of the gradients in ``grads`` (gradient, input) pairs, each storage once, at the larger of its
-    size and its largest gradient's: a gradient that is an expanded view of a smaller one (a sum's,
-    broadcast back) is made whole by the node that reads it. An input without a gradient (the element of
-    a tuple that a ``getitem`` did not take) counts in full: the engine fills it with zeros for the node
-    that made the tuple (a GRU's backward). Never fewer bytes than one per input, but where they share."""
-    largest: dict[int, int] = {}
-    missing = 0
+@dataclass(frozen=True)
+class _Gradients:
+    """The gradients one node's backward returned for its inputs (parameters left out), by storage."""
+
+    #: gradient storage address -> its bytes, at the larger of its size and its largest gradient's: a
+    #: gradient that is an expanded view of a smaller one (a sum's, broadcast back) is made whole by the node
+    #: that reads it
+    made: dict[int, int]
+    #: storage address of each input that got one -> True
+    given: frozenset[int]
+    #: storage address of each input without one (the element of a tuple that a ``getitem`` did not take)
+    #: -> its bytes
+    missing: dict[int, int]
+
+    def bytes_with(self, given_elsewhere: frozenset[int]) -> int:
+        """Bytes of the gradients, each storage once. An input without a gradient counts in full where no
+        other node's backward gives it one: the engine then fills it with zeros for the node that made the
+        tuple. Where another does (a GRU's ``out, h``, each taken by a ``getitem``), the engine sums the two
+        into one gradient per element, which the other node's backward holds already: counted here too, the
+        tuple's gradient was held twice (a GRU's output and final state, 4,224 bytes over a plain step's)."""
+        return sum(self.made.values()) + sum(b for key, b in self.missing.items() if key not in given_elsewhere)
+
+
+def _gradients(grads: list[tuple[torch.Tensor | None, torch.Tensor]]) -> _Gradients:
+    """The (gradient, input) pairs of one backward as :class:`_Gradients`."""
+    made: dict[int, int] = {}
+    given: set[int] = set()
+    missing: dict[int, int] = {}
     for g, t in grads:
         if g is None:
-            missing += t.numel() * t.element_size()
+            missing[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
             continue
-        storage = g.untyped_storage()
-        key = storage.data_ptr()
-        largest[key] = max(largest.get(key, 0), storage.nbytes(), g.numel() * g.element_size())
-    return missing + sum(largest.values())
+        given.add(t.untyped_storage().data_ptr())
+        key = g.untyped_storage().data_ptr()
+        made[key] = max(made.get(key, 0), g.untyped_storage().nbytes(), g.numel() * g.element_size())
+    return _Gradients(made, frozenset(given), missing)
+
+
+def _parameter_gradients(grads, targets, but: frozenset[int] = frozenset()) -> frozenset[int]:
+    """Addresses of the parameters' gradients among ``grads`` (returned for ``targets``), but those of the
+    parameters whose ``id`` is in ``but``."""
+    return frozenset(
+        g.untyped_storage().data_ptr() for g, t in zip(grads, targets) if g is not None and isinstance(t, nn.Parameter) and id(t) not in but
+    )
 
 
 class _EngineSeed(torch.autograd.Function):
@@ -170,7 +218,12 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
         torch.empty(_MARKER_BYTES + markers, dtype=torch.uint8)  # (allocated and freed at once)
         markers += 1
 
-    returned: dict[int, int] = {}
+    returned: dict[int, _Gradients] = {}
+    param_grads: dict[int, frozenset[int]] = {}
+    param_grads_alone: dict[int, frozenset[int]] = {}
+    shared_alone: dict[int, int] = {}
+    seed_bytes: dict[int, int] = {}
+    users: dict[int, int] = {}  # (id of a parameter -> how many nodes' backwards it gets a gradient from)
     alone = [i for i in _last_readers_of_their_gradients(graph) if i in set(forward_nodes)]
     with torch.random.fork_rng(devices=[]), planned_kernels(), measure_allocations() as allocations:
         for i in forward_nodes:
@@ -186,7 +239,11 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
             grads = torch.autograd.grad(outs, targets, seeds, allow_unused=True) if outs and targets else ()
             mark()
             # (the gradients of its inputs, not of parameters: those live in .grad, outside the graph's count)
-            returned[i] = _gradient_bytes([(g, t) for g, t in zip(grads, targets) if not isinstance(t, nn.Parameter)])
+            returned[i] = _gradients([(g, t) for g, t in zip(grads, targets) if not isinstance(t, nn.Parameter)])
+            param_grads[i] = _parameter_gradients(grads, targets)
+            for t in targets if outs else ():
+                if isinstance(t, nn.Parameter):
+                    users[id(t)] = users.get(id(t), 0) + 1
             del out, outs, targets, seeds, grads
         # each node whose backward is its incoming gradient's last reader, again, that gradient let go of as
         # the engine does (the workspace of a backward node whose forward node the schedule leaves alone)
@@ -198,11 +255,19 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
             seeds = [torch.ones_like(t) for t in outs]
             outs = [_EngineSeed.apply(t, s).sum() for t, s in zip(outs, seeds, strict=True)]
             units = [torch.ones(()) for _ in outs]
-            del seeds
+            seed_bytes[i] = sum(s.nbytes for s in seeds)
+            # (its output too: left alone, with no reader rerun, TrainingGraph.workspace_readers, the node's
+            # consumers are done with it, and what the node saved of it goes as its operations' backward
+            # ends, a fused group's ReLU's output with the ReLU's)
+            del seeds, out
             mark()
             grads = torch.autograd.grad(outs, targets, units, allow_unused=True) if outs and targets else ()
             mark()
-            del out, outs, targets, units, grads
+            # (a shared parameter's contribution is a graph tensor where it lives: gradients.with_shared_gradients)
+            shared = frozenset(p for p, n in users.items() if n > 1)
+            param_grads_alone[i] = _parameter_gradients(grads, targets, but=shared)
+            shared_alone[i] = sum(g.nbytes for g, t in zip(grads, targets) if g is not None and id(t) in shared)
+            del outs, targets, units, grads
     cuts = {_MARKER_BYTES + k: k for k in range(markers)}
     pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(markers + 1)]
     piece = 0
@@ -221,12 +286,26 @@ def measure_operations(traced: TracedStep) -> OperationBytes:
         found[i] = _transient(pieces[4 * k + 1])
         name = graph.nodes[i].name
         if name in backward_of:
-            found[index[backward_of[name]]] = _transient(pieces[4 * k + 3])
-            gradient_bytes[index[backward_of[name]]] = returned[i]
+            found[index[backward_of[name]]] = _transient(pieces[4 * k + 3], param_grads[i])
+            elsewhere = frozenset().union(*(r.given for j, r in returned.items() if j != i))
+            gradient_bytes[index[backward_of[name]]] = returned[i].bytes_with(elsewhere)
     left_alone: dict[int, int] = {}
     for k, i in enumerate(alone):  # (then pieces per node: its forward and gradient, its backward)
         j = index[backward_of[graph.nodes[i].name]]
-        lower = _transient(pieces[4 * len(forward_nodes) + 2 * k + 1])
-        if lower < found[j]:
-            left_alone[j] = lower
+        # the simulator counts the node's output (the gradients by input, each storage once, and the shared
+        # parameters' contributions, gradients.with_shared_gradients) from the start, where the engine makes
+        # them as it goes, once the saved tensors and the incoming gradient that went first have made room:
+        # the peak above that, below 0 where it comes after those frees (a block's Linear backward after its
+        # dropout's and SiLU's let their saved tensors go)
+        peak, _ = _peak(pieces[4 * len(forward_nodes) + 2 * k + 1], param_grads_alone[i])
+        counted = min(graph.nodes[j].output_bytes, gradient_bytes[j]) + shared_alone[i]
+        # the gradients it receives: the simulator holds each consumer's backward output to this node, the
+        # engine sums their parts for this node's output into one as they arrive (a U-Net's skip, an
+        # auxiliary head's), which this run's one seed stands for (a consumer's output beyond that part, the
+        # gradients of its other inputs, stays counted)
+        incoming = [q for q in set(graph.nodes[j].inputs) if graph.nodes[q].is_backward]
+        parts = sum(min(graph.nodes[q].output_bytes, gradient_bytes.get(q, graph.nodes[q].output_bytes), seed_bytes[i]) for q in incoming)
+        counted += max(0, parts - seed_bytes[i])
+        if peak - counted < found[j]:
+            left_alone[j] = peak - counted
     return OperationBytes(found, gradient_bytes, left_alone)

@@ -104,9 +104,12 @@ class MilpModel:
     #: lower figure where a forward node left alone picks it (TrainingGraph.workspace_left_alone)
     node_workspace: np.ndarray | None = field(default=None, repr=False)
     #: forward node -> its column of MANAGED (1 when the schedule recomputes, pages or compresses it or one of
-    #: its views: poetlab.core.schedule.managed_nodes), and the nodes whose operations set it
+    #: its views, poetlab.core.schedule.managed_nodes, or reruns a reader of its output), and the nodes whose
+    #: operations set it
     managed_index: dict[int, int] = field(default_factory=dict, repr=False)
     managed_by: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    #: forward node -> the readers whose reruns set its MANAGED too (TrainingGraph.workspace_readers)
+    managed_readers: dict[int, tuple[int, ...]] = field(default_factory=dict, repr=False)
     #: backward node -> (its forward node, the workspace it adds where that node is managed)
     managed_workspace: dict[int, tuple[int, float]] = field(default_factory=dict, repr=False)
     #: forward node of TrainingGraph.early_release -> (its column of KEPT: 1 when the schedule keeps its output
@@ -197,7 +200,7 @@ class MilpModel:
         R = np.asarray(matrices["R"], dtype=bool)
         moves = [np.asarray(matrices[name], dtype=bool) for name in ("M_OUT", "M_CMP") if name in matrices]
         return {
-            f: float(any(R[s + 1 :, s].any() or any(m[:, s].any() for m in moves) for s in sources))
+            f: float(any(R[s + 1 :, s].any() or any(m[:, s].any() for m in moves) for s in sources) or any(R[r + 1 :, r].any() for r in self.managed_readers.get(f, ())))
             for f, sources in self.managed_by.items()
         }
 
@@ -401,7 +404,8 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     # runs in stage t and gone from the next step:  U[t, k] also holds R[t, k] w_k; a backward node b whose
     # workspace is lower where the schedule leaves its forward node f alone (TrainingGraph.workspace_left_alone)
     # holds the lower w_b and the difference d_b times MANAGED_f, which is at least each rerun, page-out and
-    # compress of f and of its views (poetlab.core.schedule.managed_nodes): U[b, b] += d_b MANAGED_f
+    # compress of f and of its views (poetlab.core.schedule.managed_nodes) and each rerun of a reader of its
+    # output (poetlab.core.schedule.left_alone_owners): U[b, b] += d_b MANAGED_f
     w = graph.workspace_left_alone.astype(float)
     if w.any():
         rows.terms(ids, R[:, 0], -w[0])
@@ -414,7 +418,13 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         int(f): (int(f), *(v for v, bases in views if not graph.nodes[v].is_backward and f in bases))
         for f in sorted(set(owner[owner >= 0].tolist()))
     }
-    managed_index = _at_least_each(cols, rows, T, {f: np.concatenate([m for s_ in sources for m in (R[s_ + 1 :, s_], M_OUT[:, s_], M_CMP[:, s_])]) for f, sources in managed_by.items()})
+    # (and at least each rerun of a reader of f's output, which an executor keeps to f's free:
+    # TrainingGraph.workspace_readers)
+    readers = graph.workspace_readers
+    managed_index = _at_least_each(cols, rows, T, {
+        f: np.concatenate([m for s_ in sources for m in (R[s_ + 1 :, s_], M_OUT[:, s_], M_CMP[:, s_])] + [R[r + 1 :, r] for r in readers.get(f, ())])
+        for f, sources in managed_by.items()
+    })
     if managed_index:
         for bwd in np.flatnonzero(owner >= 0):
             rows.terms(row_of[bwd, bwd - 1 : bwd], np.array([managed_index[int(owner[bwd])]]), -extra[bwd])
@@ -462,6 +472,7 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         node_workspace=w if w.any() else None,
         managed_index=managed_index,
         managed_by=managed_by,
+        managed_readers={f: readers.get(f, ()) for f in managed_by},
         managed_workspace={int(b): (int(owner[b]), float(extra[b])) for b in np.flatnonzero(owner >= 0)},
         kept_index=kept_index,
         kept_by=kept_by,
