@@ -353,15 +353,10 @@ def _eject(state: _State, deadline: float) -> tuple[_State, tuple[float, np.ndar
         for _ in range(EJECT_STEPS):
             if measured is None or measured[0] <= 0 or new.energy_j() >= energy or time.perf_counter() > deadline:
                 break
-            for tries, candidate in enumerate(_memory_moves(new, measured[1])):
-                if tries >= TRIES_PER_STEP or time.perf_counter() > deadline:
-                    break
-                after = candidate.excess()
-                if after is not None and after[0] < measured[0]:
-                    new, measured = candidate, after
-                    break
-            else:
+            found = _move_below(new, measured[1], measured[0], deadline)
+            if found is None:
                 break
+            new, measured = found
         if measured is not None and measured[0] <= 0 and new.energy_j() < energy * (1 - 1e-12) and (limit is None or new.runtime_s() <= limit * (1 + 1e-12)):
             return new, measured
     return None
@@ -378,12 +373,22 @@ def _two_memory_moves(state: _State, measured: tuple[float, np.ndarray], deadlin
         middle = first.excess()
         if middle is None or middle[0] <= 0:
             continue
-        for tries, second in enumerate(_memory_moves(first, middle[1])):
-            if tries >= TRIES_PER_STEP or time.perf_counter() > deadline:
-                break
-            after = second.excess()
-            if after is not None and after[0] < measured[0]:
-                return second, after
+        found = _move_below(first, middle[1], measured[0], deadline)
+        if found is not None:
+            return found
+    return None
+
+
+def _move_below(state: _State, over: np.ndarray, below_bytes: float, deadline: float) -> tuple[_State, tuple[float, np.ndarray]] | None:
+    """The first of ``state``'s first ``TRIES_PER_STEP`` over-RAM changes (:func:`_memory_moves` at ``over``, its
+    excess's stages) that leaves fewer than ``below_bytes`` over the budget, with its excess; None if none does
+    before ``deadline``."""
+    for tries, candidate in enumerate(_memory_moves(state, over)):
+        if tries >= TRIES_PER_STEP or time.perf_counter() > deadline:
+            return None
+        after = candidate.excess()
+        if after is not None and after[0] < below_bytes:
+            return candidate, after
     return None
 
 
