@@ -47,3 +47,20 @@ def test_solve_bad_input_is_one_line(run_cli, args, expected, code):
     output = (result.stderr + result.stdout).strip().splitlines()
     assert len(output) == 1 and expected in output[0]
     assert "Traceback" not in result.stderr
+
+
+def test_json_output_is_not_mixed_with_what_native_code_prints(run_cli, tmp_path):
+    # scipy's bundled HiGHS prints a debugging line with C's printf on some covering problems (resnet18 on the M4
+    # at 1.000177x with a 30 s limit did): it goes to stderr, never into the JSON. This model file prints the same way.
+    model = tmp_path / "noisy.py"
+    model.write_text(
+        "import ctypes, os\nimport torch\n\n\ndef make():\n"
+        "    os.write(1, b'written to descriptor 1\\n')\n"
+        "    ctypes.CDLL(None).printf(b'printed by C stdio\\n')\n"
+        "    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))\n"
+        "    return module, torch.randn(2, 4), torch.randint(2, (2,)), torch.nn.CrossEntropyLoss()\n"
+    )
+    result = run_cli("solve", "--model", f"{model}:make", "--platform", "m4", "--ram-budget", "1e7", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "optimal"
+    assert "written to descriptor 1" in result.stderr and "printed by C stdio" in result.stderr

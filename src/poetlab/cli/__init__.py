@@ -4,11 +4,18 @@ Errors a person can fix (a :class:`~poetlab.errors.PoetlabError`) are printed as
 and exit with code 2, as argparse does for bad flags. SIGTERM ends a command as Ctrl-C (SIGINT) does: the
 exception unwinds through every ``finally``, so a HiGHS worker is killed with its parent and the page
 files of ``poetlab execute`` are removed, and the command exits 143 (128 + SIGTERM) with one line.
+
+Standard output carries the command's own output only (``--json`` is parsed by other programs): native
+libraries that print to file descriptor 1 (scipy's bundled HiGHS writes a debugging line there on some
+covering problems) write to stderr instead, see :func:`_python_only_stdout`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import io
 import logging
 import os
 import signal
@@ -147,6 +154,11 @@ def _raise_terminated(signum, frame) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    with _python_only_stdout():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     guarded = _GuardedStdout(sys.stdout)
     sys.stdout = guarded
     on_main_thread = threading.current_thread() is threading.main_thread()  # only there can a handler be set
@@ -174,6 +186,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = guarded.stream
         if on_main_thread:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _python_only_stdout():
+    """For the command's duration, ``sys.stdout`` writes to a duplicate of standard output and file descriptor 1
+    points at stderr, so that what native code prints there (C's printf from a bundled solver) cannot land
+    inside the command's output; C's buffered output is flushed to stderr before descriptor 1 is restored.
+    Nothing changes where ``sys.stdout`` is not descriptor 1 (a caller's capture, an embedding program)."""
+    original = sys.stdout
+    try:
+        is_fd1 = original.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
+        is_fd1 = False
+    if not is_fd1:
+        yield
+        return
+    original.flush()
+    duplicate = os.dup(1)
+    os.dup2(2, 1)
+    stream = io.TextIOWrapper(
+        io.FileIO(duplicate, "w", closefd=False), encoding=original.encoding, errors=original.errors, line_buffering=original.line_buffering,
+    )
+    sys.stdout = stream
+    try:
+        yield
+    finally:
+        try:
+            stream.close()  # (closes the wrapper even where its flush fails, so nothing writes to the descriptor once closed)
+        except OSError:  # (a closed pipe: _run has already said so, or stays quiet as Unix tools do)
+            pass
+        sys.stdout = original
+        _flush_c_stdio()
+        os.dup2(duplicate, 1)  # (after _silence_stdout, the duplicate is /dev/null: the exit's flush stays quiet)
+        os.close(duplicate)
+
+
+def _flush_c_stdio() -> None:
+    """fflush(NULL): what native code printed with C's buffered stdio goes out now, to where descriptor 1 points."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # (no C library by that name, e.g. on Windows)
+        pass
 
 
 class _StdoutError(Exception):
