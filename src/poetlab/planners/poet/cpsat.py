@@ -61,7 +61,10 @@ def _ortools_path() -> list[str]:
 @functools.lru_cache(maxsize=1)
 def cpsat_available() -> tuple[bool, str]:
     """(whether the CP-SAT worker loads OR-Tools, why): one worker start that imports it (about a second), once."""
-    answer = run_worker(WORKER_PATH, {"probe": True, "path": _ortools_path()}, _PROBE_S, "CP-SAT")
+    try:
+        answer = run_worker(WORKER_PATH, {"probe": True, "path": _ortools_path()}, _PROBE_S, "CP-SAT")
+    except PoetlabError as error:  # (a worker that died importing it: its last line)
+        return False, f"OR-Tools did not load ({error})"
     if answer.status.startswith("available"):
         return True, f"OR-Tools {answer.status.split(': ', 1)[1]}"
     return False, f"OR-Tools not installed (pip install ortools; {answer.status.split(': ', 2)[-1]})"
