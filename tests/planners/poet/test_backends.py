@@ -14,6 +14,7 @@ from poetlab.planners.poet.backends import GUROBI_SIZE_LIMIT, SolverUnavailableE
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.solver import solve
 
+from dead_workers import DEAD_WORKERS
 from small_graphs import mlp, residual
 from solve_checks import replays as _replays, setup as _setup
 
@@ -67,10 +68,7 @@ def test_worker_ignores_the_current_directory(tmp_path, monkeypatch):
     assert answer.status == "optimal" and answer.solver == "highs" and answer.objective > costs.plain_step_energy_j
 
 
-@pytest.mark.parametrize("script,last_line", [
-    ("import sys\nprint('starting', file=sys.stderr)\nprint('MemoryError: out of memory', file=sys.stderr)\nsys.exit(3)\n", "MemoryError: out of memory"),
-    ("import sys; sys.stdin.buffer.read()\n", "no output on stderr"),  # exits 0 without an answer
-])
+@pytest.mark.parametrize("script,last_line", DEAD_WORKERS)
 def test_a_worker_that_dies_is_an_error_not_a_time_limit(tmp_path, monkeypatch, script, last_line):
     worker = tmp_path / "worker.py"
     worker.write_text(script)

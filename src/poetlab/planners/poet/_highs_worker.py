@@ -5,67 +5,26 @@ solve) and never the current directory (``-I``: no script directory, working dir
 ``PYTHONPATH`` on ``sys.path``, so a folder named like a package cannot stand in for it).
 
 Reads one pickled request (a dict of plain numpy arrays and numbers, see ``request`` in
-:func:`poetlab.planners.poet.backends._solve_highs`) on stdin. Writes length-prefixed pickled messages on the file
-descriptor that was stdout: ('incumbent', objective, x) for each improving solution, ('bound',
+:func:`poetlab.planners.poet.backends._solve_highs`) and streams its messages through ``_worker_io.py`` (loaded by
+path; it also ends the worker with its parent): ('incumbent', objective, x) for each improving solution, ('bound',
 dual bound) at most twice a second while the MIP runs (so that a worker killed past its time limit has
-still told its bound), and ('done', status, objective, bound, x) at the end. HiGHS's own console output goes to stderr, so it can
-never corrupt the message stream; the parent keeps stderr's last line to explain a worker that died.
-
-The worker dies with its parent, whose pid is its one argument: on Linux the kernel sends it SIGKILL when
-the parent goes (``PR_SET_PDEATHSIG``), and elsewhere a watchdog thread ends it once its parent process is
-gone (its parent pid is no longer that one, which also catches a parent gone before the guard was armed),
-so a parent killed outright (SIGKILL, a crash) leaves no solve running on its own.
+still told its bound), and ('done', status, objective, bound, x) at the end.
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import pickle
-import signal
-import struct
+import importlib.util
 import sys
-import threading
-import time
-
-
-def _send(stream, message: tuple) -> None:
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(struct.pack("<Q", len(payload)) + payload)
-    stream.flush()
-
-
-_PR_SET_PDEATHSIG = 1
-_WATCH_EVERY_S = 0.2
-
-
-def _die_with_parent(parent: int) -> None:
-    """End this process when ``parent``, the process that started it, ends (see the module docstring)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass  # the watchdog below still holds
-    if os.getppid() != parent:  # the parent went before the death signal was armed
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(_WATCH_EVERY_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+from pathlib import Path
 
 
 def main(argv: list[str]) -> None:
-    _die_with_parent(int(argv[0]) if argv else os.getppid())
-    import numpy as np
-
-    request = pickle.load(sys.stdin.buffer)
-    messages = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything printed from here on (HiGHS's log) goes to stderr
-
+    spec = importlib.util.spec_from_file_location("_worker_io", Path(__file__).with_name("_worker_io.py"))  # (by path: -I)
+    io = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(io)
+    request, messages = io.begin(argv)
     import highspy
+    import numpy as np
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(request["verbose"]))
@@ -95,7 +54,7 @@ def main(argv: list[str]) -> None:
         h.setSolution(len(start), np.arange(len(start), dtype=np.int32), np.asarray(start, dtype=np.float64))
 
     def on_improving(event) -> None:
-        _send(messages, ("incumbent", float(event.data_out.objective_function_value), np.array(event.data_out.mip_solution)))
+        io.send(messages, ("incumbent", float(event.data_out.objective_function_value), np.array(event.data_out.mip_solution)))
 
     h.cbMipImprovingSolution.subscribe(on_improving)
     reported = [-1.0]
@@ -104,7 +63,7 @@ def main(argv: list[str]) -> None:
         bound, now = float(event.data_out.mip_dual_bound), float(event.data_out.running_time)
         if np.isfinite(bound) and now - reported[0] >= 0.5:
             reported[0] = now
-            _send(messages, ("bound", bound))
+            io.send(messages, ("bound", bound))
 
     h.cbMipInterrupt.subscribe(on_progress)
     h.run()
@@ -117,7 +76,7 @@ def main(argv: list[str]) -> None:
     bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
     names = {S.kOptimal: "optimal", S.kInfeasible: "infeasible", S.kTimeLimit: "time_limit"}
     name = names.get(status, "feasible" if has else f"error: {h.modelStatusToString(status)}")
-    _send(messages, ("done", name, objective, bound, x))
+    io.send(messages, ("done", name, objective, bound, x))
     messages.close()
 
 

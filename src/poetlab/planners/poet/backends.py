@@ -2,7 +2,7 @@
 
 ``run_milp(model, solver=...)`` returns a :class:`MilpSolution` whatever the backend. HiGHS runs in a
 child process (``python -I .../_highs_worker.py PARENT_PID``, numpy and highspy only) that streams every improving solution back, and the parent kills it if it outlives its
-time limit: HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
+time limit (:func:`run_worker`, which also runs the CP-SAT worker of :mod:`poetlab.planners.poet.cpsat`): HiGHS does not always honour ``time_limit`` (it can sit in presolve or the root LP far past
 it), and a solve that must end has to be stoppable from outside. Gurobi honours its limit and runs
 in-process.
 """
@@ -185,8 +185,27 @@ def _solve_highs(
     """HiGHS in a worker process (``python -I``, imports numpy and highspy only), killed if it outlives
     its time limit. ``stop_at``: an objective value that proves optimality within ``mip_gap`` (from a
     bound the solver does not know): an incumbent at or below it ends the solve as optimal."""
+    A = model.A.tocsc()
+    request = {
+        "c": model.c, "A_csc": (A.indptr, A.indices, A.data), "row_lower": model.row_lower, "row_upper": model.row_upper,
+        "col_lower": model.col_lower, "col_upper": model.col_upper, "integer": model.integer, "time_limit_s": time_limit_s,
+        "mip_gap": mip_gap, "threads": threads, "verbose": verbose, "start": start, "options": options or {},
+    }
+    answer = run_worker(WORKER_PATH, request, time_limit_s, "HiGHS", verbose, stop_at)
+    if answer.status.startswith("error"):
+        raise PoetlabError(f"HiGHS failed ({answer.status[7:]}); try --solver gurobi or another time limit")
+    return answer
+
+
+def run_worker(worker: Path, request: dict, time_limit_s: float, name: str, verbose: bool = False, stop_at: float | None = None) -> MilpSolution:
+    """Run the solver worker script ``worker`` (``python -I worker PARENT_PID``: the HiGHS worker, the CP-SAT
+    worker) on ``request``, and gather its messages (``_worker_io.py``): the best incumbent and the last bound it
+    reported are kept if it must be killed, ``time_limit_s`` plus a grace after it started. ``name`` (HiGHS,
+    CP-SAT) names it in the progress bar and the log; the answer's ``solver`` is that name in lower case, without
+    dashes; its status may be the worker's 'error: why'. ``stop_at``: an incumbent at or below it ends the solve
+    as optimal. A worker that exits without an answer is a PoetlabError with its stderr's last line."""
     started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-I", str(WORKER_PATH), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-I", str(worker), str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     inbox: queue.Queue = queue.Queue()
     tail: collections.deque = collections.deque(maxlen=5)
     readers = [
@@ -201,14 +220,9 @@ def _solve_highs(
     best_bound: float | None = None  # the last dual bound the worker reported, kept if it must be killed
     final = None
     killed = False
-    A = model.A.tocsc()
-    request = {
-        "c": model.c, "A_csc": (A.indptr, A.indices, A.data), "row_lower": model.row_lower, "row_upper": model.row_upper,
-        "col_lower": model.col_lower, "col_upper": model.col_upper, "integer": model.integer, "time_limit_s": time_limit_s,
-        "mip_gap": mip_gap, "threads": threads, "verbose": verbose, "start": start, "options": options or {},
-    }
+    label = name.lower().replace("-", "")
     # elapsed seconds against the time limit, and the best energy so far; silent when not on a terminal
-    progress = progress_bar(total=round(time_limit_s), unit="s", desc="HiGHS", leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
+    progress = progress_bar(total=round(time_limit_s), unit="s", desc=name, leave=False, disable=None, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
     try:
         try:
             pickle.dump(request, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
@@ -218,7 +232,7 @@ def _solve_highs(
         while True:
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
-                log.warning("HiGHS ignored its %g s time limit; stopped it and kept the best solution so far", time_limit_s)
+                log.warning("%s ignored its %g s time limit; stopped it and kept the best solution so far", name, time_limit_s)
                 killed = True
                 break
             progress.n = min(time.perf_counter() - started, progress.total)
@@ -252,18 +266,18 @@ def _solve_highs(
     if final is None:
         if not killed:
             why = tail[-1] if tail else "no output on stderr"
-            raise PoetlabError(f"the HiGHS worker exited (code {process.returncode}) without an answer: {why}")
-        return MilpSolution("time_limit", "highs", best_x, best_objective, best_bound, relative_gap(best_objective, best_bound), elapsed)
+            raise PoetlabError(f"the {name} worker exited (code {process.returncode}) without an answer: {why}")
+        return MilpSolution("time_limit", label, best_x, best_objective, best_bound, relative_gap(best_objective, best_bound), elapsed)
     _, status, objective, bound, x = final
+    if status.startswith("error"):
+        return MilpSolution(status, label, None, None, None, None, elapsed)
     if bound is None and best_bound is not None and status != "infeasible":
         bound = best_bound
-    if status.startswith("error"):
-        raise PoetlabError(f"HiGHS failed ({status[7:]}); try --solver gurobi or another time limit")
     if x is None and best_x is not None:
         x, objective = best_x, best_objective
     if x is None:
-        return MilpSolution(status, "highs", None, None, bound, None, elapsed)
-    return MilpSolution(status, "highs", x, objective, bound, relative_gap(objective, bound), elapsed)
+        return MilpSolution(status, label, None, None, bound, None, elapsed)
+    return MilpSolution(status, label, x, objective, bound, relative_gap(objective, bound), elapsed)
 
 
 def run_milp(

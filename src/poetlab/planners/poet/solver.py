@@ -17,14 +17,14 @@ The steps, each cheap before the expensive one:
    the better bound is optimal. Where the best start is far above the bound (at once, or after the stage
    relaxation raised it), solve the interval relaxation (:mod:`poetlab.planners.poet.intervals`) for a
    share of the time limit: its bound joins the others, and its solutions (at the budget and at the
-   budget less a margin) made into schedules join the starts. Around the relaxations, the starts over a
-   budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`), the
-   relaxations' schedules that do not fit among them. Else build the POET MILP and solve it, started from the cheapest quick schedule (greedy paging
-   and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from :mod:`poetlab.planners.baselines`, the
-   bound's covers) so
-   that a solve stopped by its time limit still has a valid schedule, never worse than those. The
-   schedule it returns is replayed by the simulator, whose energy, runtime and peak are what we report;
-   the solver's own objective is kept only to show that the two agree.
+   budget less a margin) made into schedules join the starts. From a 30 s limit, CP-SAT (:mod:`poetlab.planners.poet.cpsat`,
+   in its own process) solves the interval relaxation from a near, uncertified start. Around the relaxations, the starts
+   over a budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`), the relaxations'
+   schedules that do not fit among them. Else build the POET MILP and solve it, started from the cheapest quick schedule
+   (greedy paging and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from
+   :mod:`poetlab.planners.baselines`, the bound's covers) so that a solve stopped by its time limit still has a valid
+   schedule, never worse than those. The schedule it returns is replayed by the simulator, whose energy, runtime
+   and peak are what we report; the solver's own objective is kept only to show that the two agree.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from poetlab.planners.compression import compress_all_schedule
 from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
+from poetlab.planners.poet.cpsat import cpsat_available, interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
@@ -104,11 +105,14 @@ REPAIR_MAX_S = 6.0
 REPAIR_MIN_TIME_LIMIT_S = 2.0
 #: and the limit below which the second repair (after the relaxations: their schedules, the fitting starts) is skipped
 REPAIR_AGAIN_MIN_TIME_LIMIT_S = 5.0
-#: and what that second repair may take, with the ejection chains (twice the first's: on bert/m4 at 50% the first
-#: chain that pays takes about 1 s; docs/solve.md, NOTE 9)
+#: and what that second repair may take, with the ejection chains (twice the first's: on bert/m4 at 50% the first chain that pays takes about 1 s; NOTE 9)
 REPAIR_AGAIN_SHARE = 0.2
 REPAIR_AGAIN_MIN_S = 2.0
 REPAIR_AGAIN_MAX_S = 12.0
+#: from this limit on, where the interval relaxation raised the bound more than the gap above the eviction bound and the best start
+#: is within 5% of it, uncertified, CP-SAT solves it (up to this many columns) from that start, for the time left less 2 s (NOTE 14)
+CPSAT_MIN_TIME_LIMIT_S = 30.0
+CPSAT_MAX_COLUMNS = 50_000
 #: the least time left for which POET's MILP starts on a graph of 100 nodes or more (NEIGHBOURHOOD_MIN_COLUMNS
 #: of R and S_RAM); with less, the solve is at or past its limit and returns its best start: HiGHS needs longer
 #: than that to read and presolve such a model (resnet50: 424k columns, stopped after 1.5 s with nothing new)
@@ -321,6 +325,7 @@ def solve(
 
     if bound == "eviction":
         lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
+    evicted_j = lower_bound
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
     rejected: list[Schedule] = []  # and every one that does not, for the repair
@@ -385,6 +390,18 @@ def solve(
         for schedule in schedules:
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+
+    near = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP  # (far: the repair's and the windows' turn)
+    if bound == "eviction" and not compression and remat and not charge_pagein and near and time_limit_s >= CPSAT_MIN_TIME_LIMIT_S and lower_bound > evicted_j * (1 + mip_gap) and not proven():
+        available, why = cpsat_available()
+        share = started + time_limit_s - time.perf_counter() - REPAIR_AGAIN_MIN_S
+        if not available:
+            log.info("%s; CP-SAT skipped", why)
+        elif share >= 1.0:
+            log.info("CP-SAT on the interval relaxation from the best start for %.1f s (%s; the best start %.3f%% above the bound)", share, why, 100 * relative_gap(start_sim.energy_j, lower_bound))
+            found = interval_bound_cpsat(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), max_columns=CPSAT_MAX_COLUMNS)
+            lower_bound = max(lower_bound, found.bound_j)
+            start, start_sim = _better((start, start_sim), "CP-SAT", found.schedule, replay, collect=fitting, rejected=rejected)
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
         start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
