@@ -95,6 +95,8 @@ INTERVAL_MIN_START_GAP = 0.05
 #: proved nothing the interval relaxation does not, while the interval relaxation's schedules, repaired, are
 #: the ones that pay (docs/solve.md, NOTE 11)
 INTERVAL_FAR_SHARE = 0.5
+#: the least seconds for the interval relaxation from the best start after the far path (docs/solve.md, NOTE 15)
+NEAR_AFTER_FAR_MIN_S = 2.0
 #: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
 #: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
 #: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
@@ -355,17 +357,20 @@ def solve(
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
 
+    def from_best_start(share_s: float, floor_j: float | None = None) -> tuple[float, Schedule | None, SimulationResult | None, float | None]:
+        """(lower bound, best start, its simulation, the relaxation's incumbent in J) after NOTE 13's relaxation from the best start (``floor_j``: NOTE 15)."""
+        warm = interval_bound(graph, costs, options, time_limit_s=share_s, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), floor_j=floor_j)
+        bound_j = max(lower_bound, warm.bound_j)
+        log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", bound_j, bound_j / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
+        return (bound_j, *_better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected), None if warm.incumbent is None else warm.incumbent * costs.plain_step_energy_j)
+
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
     far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
-            share = max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s))  # (the second repair keeps its share)
-            warm = interval_bound(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9))
-            lower_bound = max(lower_bound, warm.bound_j)
-            start, start_sim = _better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected)
-            log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", lower_bound, lower_bound / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
+            lower_bound, start, start_sim, _ = from_best_start(max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s)))  # (the second repair keeps its share)
         else:
             relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
             lower_bound = max(lower_bound, relaxed.bound_j)
@@ -380,7 +385,7 @@ def solve(
             log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
         else:
             share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
-        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
+        interval_j, schedules, relaxed_j = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
             start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
@@ -388,6 +393,18 @@ def solve(
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
         start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
+
+    # the far path's schedules, repaired, brought the best start near the bound: the near path's relaxation from it (NOTE 15)
+    if bound == "eviction" and not compression and far and remat and not charge_pagein and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven() and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP:
+        share = min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, started + time_limit_s - time.perf_counter() - REPAIR_MIN_S)
+        if share < NEAR_AFTER_FAR_MIN_S or (relaxed_j is not None and relaxed_j < lower_bound):
+            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it skipped (%s)", 100 * relative_gap(start_sim.energy_j, lower_bound), f"{share + REPAIR_MIN_S:.1f} s left" if share < NEAR_AFTER_FAR_MIN_S else "it has a solution below the bound")
+        else:
+            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it, for %.1f s", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
+            unrepaired, floor_j = len(rejected), lower_bound
+            lower_bound, start, start_sim, incumbent_j = from_best_start(share, floor_j=floor_j)
+            if rejected[unrepaired:] and not proven() and incumbent_j is not None and incumbent_j >= floor_j:  # its schedule, over a budget (one below the bound cannot fit)
+                start, start_sim = repaired(rejected[unrepaired:], REPAIR_AGAIN_MAX_S, chains=True)
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
