@@ -55,7 +55,7 @@ def test_the_exact_optimum_is_a_point_of_the_relaxation_and_bounds_it(model, pla
 def test_paper_schedules_are_points_of_the_relaxation_at_their_energy(model, fraction, factor):
     """The quick starts of two m4 instances (greedy, DTR, Capuchin, covers): each is a point of the
     relaxation whose objective is its simulated energy."""
-    from poetlab.planners.poet.solver import best_start
+    from poetlab.planners.poet.starts import best_start
 
     graph, costs, options = _instance(model, "m4", fraction, {})
     options = MilpOptions(options.ram_budget_bytes, factor)

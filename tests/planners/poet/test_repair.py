@@ -9,7 +9,8 @@ from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.milp import build_milp
 from poetlab.planners.poet.repair import loose_starts, repair, repair_all
-from poetlab.planners.poet.solver import best_start, solve
+from poetlab.planners.poet.solver import solve
+from poetlab.planners.poet.starts import best_start
 
 from small_graphs import convnet, relu_chain
 from solve_checks import grid_instance

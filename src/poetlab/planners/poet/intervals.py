@@ -201,7 +201,7 @@ def _kept_through(rows: SparseRows, stages: list[int], H: list[dict[int, int]], 
 
 def interval_bound(
     graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, mip_gap: float = 1e-6, gap_rows: bool = False, integral: bool = True,
-    kept_rows: bool = True, start: Schedule | None = None, target_j: float | None = None,
+    kept_rows: bool = True, start: Schedule | None = None, target_j: float | None = None, floor_j: float | None = None,
 ) -> IntervalBound:
     """A lower bound (J) on the energy of every schedule of POET's MILP under ``options``: one plain step
     plus the cheapest regenerations that keep every stage over budget within it, where a tensor needed
@@ -213,8 +213,10 @@ def interval_bound(
 
     ``start``: a schedule whose point (:func:`interval_point`) HiGHS starts from where it meets every row (NOTE 13:
     an incumbent at about the schedule's energy from the first second, so HiGHS prunes from the root on);
-    ``target_j``: stop as soon as the dual bound reaches it (the caller's certificate). With either, HiGHS runs
-    through highspy (scipy's ``milp`` takes no start and no callback), in this process, with the same options."""
+    ``target_j``: stop as soon as the dual bound reaches it (the caller's certificate); ``floor_j``: stop as soon as
+    HiGHS has a solution below it (the relaxation's optimum is then below it too, so its bound can prove nothing
+    above ``floor_j``, the caller's bound: NOTE 15). With any of them, HiGHS runs through highspy (scipy's ``milp``
+    takes no start and no callback), in this process, with the same options."""
     import time
 
     started = time.perf_counter()
@@ -230,10 +232,10 @@ def interval_bound(
         log.info("interval relaxation: the start's point breaks a row; solved without it")
         x0 = None
     built_s = time.perf_counter() - started
-    if start is not None or target_j is not None:
+    if start is not None or target_j is not None or floor_j is not None:
         log.info("interval relaxation built in %.1f s: %d columns, %d rows%s", built_s, n, problem.A.shape[0], "" if x0 is None else f", the start's point at {1 + float(problem.cost @ x0):.6f}")
         target = None if target_j is None else target_j / trivial - 1.0
-        result = _solve_highspy(problem, integral, time_limit_s - built_s, mip_gap, x0, target)
+        result = _solve_highspy(problem, integral, time_limit_s - built_s, mip_gap, x0, target, None if floor_j is None else floor_j / trivial - 1.0)
     else:
         from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -319,10 +321,10 @@ class _Result:
         self.status, self.x, self.fun, self.mip_dual_bound = status, x, fun, mip_dual_bound
 
 
-def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None) -> _Result:
+def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None, floor: float | None = None) -> _Result:
     """The relaxation by highspy in this process (one thread, as scipy's ``milp`` runs it), from ``x0`` where given,
-    stopped once the dual bound reaches ``target`` (the objective above one plain step). Logs when the root's bound
-    first shows and when the target is reached (NOTE 13's timings)."""
+    stopped once the dual bound reaches ``target`` (the objective above one plain step) or once a solution is below
+    ``floor`` (likewise). Logs when the root's bound first shows and when the target is reached (NOTE 13's timings)."""
     import time
 
     import highspy
@@ -359,6 +361,9 @@ def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_g
         if target is not None and bound >= target:
             seen.setdefault("target", time.perf_counter() - started)
             event.data_in.user_interrupt = True
+        if floor is not None and float(event.data_out.mip_primal_bound) < floor:
+            seen.setdefault("floor", time.perf_counter() - started)
+            event.data_in.user_interrupt = True
 
     def on_improving(event) -> None:
         log.debug("interval relaxation: incumbent %.6f at %.1f s", 1 + float(event.data_out.objective_function_value), time.perf_counter() - started)
@@ -371,9 +376,10 @@ def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_g
     has = info.primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
     bound = float(info.mip_dual_bound) if integral else (float(info.objective_function_value) if status == S.kOptimal else None)
     log.info(
-        "interval relaxation (highspy%s): %s in %.1f s, first dual bound at %s, target %s, dual bound %s, incumbent %s",
+        "interval relaxation (highspy%s): %s in %.1f s, first dual bound at %s, target %s%s, dual bound %s, incumbent %s",
         ", from a start" if x0 is not None else "", h.modelStatusToString(status), time.perf_counter() - started,
         f"{seen['first bound']:.1f} s" if "first bound" in seen else "-", f"reached at {seen['target']:.1f} s" if "target" in seen else "not reached",
+        f", a solution below the floor (the caller's bound) at {seen['floor']:.1f} s" if "floor" in seen else "",
         f"{1 + bound:.6f}" if bound is not None and np.isfinite(bound) else "-", f"{1 + info.objective_function_value:.6f}" if has else "-",
     )
     code = 0 if status == S.kOptimal else 2 if status == S.kInfeasible else 1
@@ -449,7 +455,7 @@ def interval_schedule(graph: TrainingGraph, problem: _Problem, x: np.ndarray) ->
     return Schedule.from_matrices(graph, R, S_RAM, S_SSD, M_IN, M_OUT)
 
 
-def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule]]:
+def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float) -> tuple[float, list[Schedule], float | None]:
     """The relaxation's bound (J) and schedules from it, within ``time_limit_s`` in all: a third of it at the
     exact budget with the idle-gap and kept-through rows (the bound, and a schedule that may not fit: the rows
     do not see RAM inside a stage while a recomputation runs), the rest without the kept-through rows, with
@@ -459,11 +465,13 @@ def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     dropping those over the budgets. (Without the kept-through rows HiGHS finds more and cheaper solutions
     in the same time, NOTE 8; their schedules are replayed anyway.) The trivial bound and no schedules with
     compression; no schedules with ``charge_pagein`` (page-ins here land at the end of a stage) or without
-    recomputation."""
+    recomputation. Third: the least value (J) of the solutions HiGHS found at the budget itself, or None: the relaxation
+    there without the kept-through and idle-gap rows (rows, and columns of cost 0, that only cut) has its optimum at or
+    below it (NOTE 15: from the best start it can then prove nothing above it)."""
     import time
 
     if options.compression:
-        return costs.plain_step_energy_j, []
+        return costs.plain_step_energy_j, [], None
     deadline = time.perf_counter() + time_limit_s
     fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes
     largest = float(graph.output_bytes.max())
@@ -471,19 +479,21 @@ def interval_start(graph: TrainingGraph, costs: CostModel, options: MilpOptions,
     margins = [margin for margin in (largest, largest / 2) if margin <= room] or [0.0]
     exact = interval_bound(graph, costs, options, time_limit_s=time_limit_s / 3, gap_rows=True)
     log.info("interval bound (with the idle-gap and kept-through rows): %.10g J (%.6f x one plain step, %s, %.1f s)", exact.bound_j, exact.bound_j / costs.plain_step_energy_j, "optimal" if exact.optimal else "stopped", exact.seconds)
+    solutions = [exact.incumbent] if exact.incumbent is not None else []
     if options.charge_pagein or not options.remat:
-        return exact.bound_j, []
+        return exact.bound_j, [], min(solutions) * costs.plain_step_energy_j if solutions else None
     schedules = [exact.schedule] if exact.schedule is not None else []
     for margin in margins:
         left = deadline - time.perf_counter()
         if left <= 0.1 or (exact.optimal and exact.schedule is None):
             break
         found = interval_bound(graph, costs, replace(options, ram_budget_bytes=options.ram_budget_bytes - margin), time_limit_s=left, mip_gap=1e-4, kept_rows=False)
+        solutions += [found.incumbent] if found.incumbent is not None and margin == 0 else []  # (a smaller budget moves the stages)
         if found.schedule is not None:
             log.info("interval relaxation (budget less %d bytes): a schedule from its solution, %.1f s", margin, found.seconds)
             schedules.append(found.schedule)
             break
-    return exact.bound_j, schedules
+    return exact.bound_j, schedules, min(solutions) * costs.plain_step_energy_j if solutions else None
 
 
 def interval_problem(graph: TrainingGraph, costs: CostModel, options: MilpOptions, gap_rows: bool = True, kept_rows: bool = True) -> _Problem | None:

@@ -36,19 +36,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 
-from poetlab.planners.poet.bounds import cover_schedules, eviction_bound
+from poetlab.planners.poet.bounds import eviction_bound
 from poetlab.core.costs import CostModel, check_graph_and_costs
 from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
 from poetlab.planners.compression import compress_all_schedule
-from poetlab.planners.heuristics import greedy_paging_schedule, greedy_remat_schedule
 from poetlab.planners.poet.milp import MilpOptions, build_milp
-from poetlab.planners.poet.neighbourhood import fits_milp, improve, milp_form
+from poetlab.planners.poet.neighbourhood import fits_milp, improve
 from poetlab.planners.poet.cpsat import cpsat_available, interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.relaxation import stage_relaxation
+from poetlab.planners.poet.starts import QUICK_STARTS, best_start, better, milp_seeds
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
@@ -96,6 +95,8 @@ INTERVAL_MIN_START_GAP = 0.05
 #: proved nothing the interval relaxation does not, while the interval relaxation's schedules, repaired, are
 #: the ones that pay (docs/solve.md, NOTE 11)
 INTERVAL_FAR_SHARE = 0.5
+#: the least seconds for the interval relaxation from the best start after the far path (docs/solve.md, NOTE 15)
+NEAR_AFTER_FAR_MIN_S = 2.0
 #: the share of the time limit each of the two repairs may take, its least and most seconds (:mod:`poetlab.planners.poet.repair`:
 #: starts over a budget made to fit, then the fitting starts made cheaper, by simulator-checked single-tensor
 #: changes; docs/solve.md, NOTE 6), and the limit below which the first is skipped
@@ -118,8 +119,6 @@ CPSAT_MAX_COLUMNS = 50_000
 #: than that to read and presolve such a model (resnet50: 424k columns, stopped after 1.5 s with nothing new)
 MILP_MIN_LEFT_S = 1.0
 BOUNDS = ("eviction", "trivial")
-#: the quick schedules that start the MILP (:func:`best_start`), by the names ``exclude_starts`` takes
-QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuchin")
 
 
 @dataclass(frozen=True)
@@ -349,7 +348,7 @@ def solve(
     def repaired(schedules: list[Schedule], share_s: float, chains: bool) -> tuple[Schedule | None, SimulationResult | None]:
         best = (start, start_sim)
         for schedule in repair_all(graph, costs, schedules, repair_budgets, time_limit_s=min(share_s, started + time_limit_s - time.perf_counter()), chains=chains):
-            best = _better(best, "repaired", schedule, replay, collect=fitting)
+            best = better(best, "repaired", schedule, replay, collect=fitting)
         return best
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
@@ -360,21 +359,24 @@ def solve(
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
 
+    def from_best_start(share_s: float, floor_j: float | None = None) -> tuple[float, Schedule | None, SimulationResult | None, float | None]:
+        """(lower bound, best start, its simulation, the relaxation's incumbent in J) after NOTE 13's relaxation from the best start (``floor_j``: NOTE 15)."""
+        warm = interval_bound(graph, costs, options, time_limit_s=share_s, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), floor_j=floor_j)
+        bound_j = max(lower_bound, warm.bound_j)
+        log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", bound_j, bound_j / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
+        return (bound_j, *better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected), None if warm.incumbent is None else warm.incumbent * costs.plain_step_energy_j)
+
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
     far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
     if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
         remaining = started + time_limit_s - time.perf_counter()
         if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
-            share = max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s))  # (the second repair keeps its share)
-            warm = interval_bound(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9))
-            lower_bound = max(lower_bound, warm.bound_j)
-            start, start_sim = _better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected)
-            log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", lower_bound, lower_bound / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
+            lower_bound, start, start_sim, _ = from_best_start(max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s)))  # (the second repair keeps its share)
         else:
             relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
             lower_bound = max(lower_bound, relaxed.bound_j)
-            start, start_sim = _better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
+            start, start_sim = better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
             log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
@@ -385,10 +387,10 @@ def solve(
             log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
         else:
             share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
-        interval_j, schedules = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
+        interval_j, schedules, relaxed_j = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
         lower_bound = max(lower_bound, interval_j)
         for schedule in schedules:
-            start, start_sim = _better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
+            start, start_sim = better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
         log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
 
     near = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP  # (far: the repair's and the windows' turn)
@@ -401,22 +403,34 @@ def solve(
             log.info("CP-SAT on the interval relaxation from the best start for %.1f s (%s; the best start %.3f%% above the bound)", share, why, 100 * relative_gap(start_sim.energy_j, lower_bound))
             found = interval_bound_cpsat(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), max_columns=CPSAT_MAX_COLUMNS)
             lower_bound = max(lower_bound, found.bound_j)
-            start, start_sim = _better((start, start_sim), "CP-SAT", found.schedule, replay, collect=fitting, rejected=rejected)
+            start, start_sim = better((start, start_sim), "CP-SAT", found.schedule, replay, collect=fitting, rejected=rejected)
 
     if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
         start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
+
+    # the far path's schedules, repaired, brought the best start near the bound: the near path's relaxation from it (NOTE 15)
+    if bound == "eviction" and not compression and far and remat and not charge_pagein and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven() and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP:
+        share = min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, started + time_limit_s - time.perf_counter() - REPAIR_MIN_S)
+        if share < NEAR_AFTER_FAR_MIN_S or (relaxed_j is not None and relaxed_j < lower_bound):
+            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it skipped (%s)", 100 * relative_gap(start_sim.energy_j, lower_bound), f"{share + REPAIR_MIN_S:.1f} s left" if share < NEAR_AFTER_FAR_MIN_S else "it has a solution below the bound")
+        else:
+            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it, for %.1f s", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
+            unrepaired, floor_j = len(rejected), lower_bound
+            lower_bound, start, start_sim, incumbent_j = from_best_start(share, floor_j=floor_j)
+            if rejected[unrepaired:] and not proven() and incumbent_j is not None and incumbent_j >= floor_j:  # its schedule, over a budget (one below the bound cannot fit)
+                start, start_sim = repaired(rejected[unrepaired:], REPAIR_AGAIN_MAX_S, chains=True)
 
     model = None
     if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
         model = build_milp(graph, costs, options)
     if model is not None and model.n_cols >= NEIGHBOURHOOD_MIN_COLUMNS:
         remaining = started + time_limit_s - time.perf_counter()
-        seeds = _milp_seeds(graph, model, fitting, replay, charge_pagein)
+        seeds = milp_seeds(graph, model, fitting, replay, charge_pagein)
         if not seeds:
             log.info("window search skipped: no start is a solution of POET's MILP")
         elif remaining > 1.0:
             found = improve(graph, model, seeds, replay, time_limit_s=min(NEIGHBOURHOOD_SHARE * time_limit_s, remaining), target_j=lower_bound / (1 - mip_gap), prefetch=charge_pagein)
-            start, start_sim = _better((start, start_sim), "window search", found[0], replay)
+            start, start_sim = better((start, start_sim), "window search", found[0], replay)
 
     if compression and not proven():
         plain = solve(
@@ -462,7 +476,7 @@ def solve(
     model = model or build_milp(graph, costs, options)
     log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
     if start is not None and not compression and not fits_milp(model, start):  # (DTR's frees, one stage late for the MILP)
-        seeds = _milp_seeds(graph, model, [(start, start_sim)], replay, charge_pagein)
+        seeds = milp_seeds(graph, model, [(start, start_sim)], replay, charge_pagein)
         if seeds and seeds[0][1].energy_j <= start_sim.energy_j:
             start, start_sim = seeds[0]
     remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
@@ -511,90 +525,3 @@ def solve(
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
     }.get(status, status)
     return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
-
-
-def best_start(
-    graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
-    collect: list | None = None, rejected: list | None = None,
-) -> tuple[Schedule | None, SimulationResult | None]:
-    """The cheapest of the quick schedules that the options allow and that replay within the budgets,
-    or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
-    DTR and greedy remat (remat), Capuchin (remat and paging). Each takes milliseconds to a second and
-    they are often close to the optimum at tight budgets, where HiGHS can spend its whole time limit
-    before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
-    once one start exists. The methods stay independent baselines in the comparison too. Those named in
-    ``exclude`` (:data:`QUICK_STARTS`) are skipped; every start that replays is appended to ``collect`` (with
-    its simulation) where one is given, and every one that does not to ``rejected``."""
-    # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
-    from poetlab.planners.baselines import capuchin, dtr
-    from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
-
-    budget = options.ram_budget_bytes - (2 * graph.param_bytes if options.params_in_budget else 0)
-    budgets = Budgets(budget, options.runtime_budget_factor)
-    candidates = []
-    if options.paging:
-        candidates.append(("greedy paging", lambda: [greedy_paging_schedule(graph, costs, budget, prefetch=options.charge_pagein)]))
-    if covers_s > 0:  # the eviction bound's choices made into schedules (:func:`poetlab.planners.poet.bounds.cover_schedules`), each solved within covers_s
-        candidates.append(("eviction cover", lambda: cover_schedules(graph, costs, options, covers_s)))
-    if options.remat:
-        candidates.append(("DTR", lambda: [dtr.plan(graph, costs, budgets)]))
-        candidates.append(("greedy remat", lambda: [greedy_remat_schedule(graph, costs, budget, runtime_budget_s)]))
-    if options.remat and options.paging:
-        candidates.append(("Capuchin", lambda: [capuchin.plan(graph, costs, budgets)]))
-    best: tuple[Schedule | None, SimulationResult | None] = (None, None)
-    for name, make in candidates:
-        if name.lower().replace(" ", "_") in exclude:
-            log.info("the %s start is left out (exclude_starts)", name)
-            continue
-        if best[0] is not None and time.perf_counter() > deadline:
-            log.info("time limit reached: the %s start and those after it are skipped", name)
-            break
-        try:
-            made = make()
-        except CannotMeetBudget:
-            continue
-        for schedule in made:
-            best = _better(best, name, schedule, replay, collect, rejected)
-    return best
-
-
-def _milp_seeds(graph, model, fitting, replay, prefetch: bool) -> list[tuple[Schedule, SimulationResult]]:
-    """Those of ``fitting`` (schedules with their simulations, all within the budgets) that are solutions
-    of POET's MILP ``model`` as they are, cheapest first, then those that are in their MILP form
-    (:func:`~poetlab.planners.poet.neighbourhood.milp_form`, replayed again), cheapest first; distinct
-    energies only. (The window search tries them in this order: on Fig. 4's case DTR's schedule, the
-    cheapest start but one made for the simulator's accounting, is a local optimum of the windows 2.9%
-    above the bound, and greedy remat's, 1.4% dearer, leads to the optimum: docs/solve.md, NOTE 4.)"""
-    native: list[tuple[Schedule, SimulationResult]] = []
-    moved: list[tuple[Schedule, SimulationResult]] = []
-    for schedule, sim in sorted(fitting, key=lambda pair: pair[1].energy_j):
-        if any(abs(sim.energy_j - other.energy_j) <= 1e-12 * sim.energy_j for _, other in native + moved):
-            continue
-        if fits_milp(model, schedule):
-            native.append((schedule, sim))
-            continue
-        form = milp_form(graph, schedule, prefetch)
-        if fits_milp(model, form):
-            try:
-                moved.append((form, replay(form)))
-            except InvalidScheduleError:
-                continue
-    return native + moved
-
-
-def _better(best, name: str, schedule: Schedule | None, replay, collect: list | None = None, rejected: list | None = None) -> tuple[Schedule | None, SimulationResult | None]:
-    """``best`` or ``schedule``, whichever replays within the budgets at the lower energy (``schedule``
-    appended to ``collect``, with its simulation, if it replays, else to ``rejected``)."""
-    if schedule is None:
-        return best
-    try:
-        sim = replay(schedule)
-    except InvalidScheduleError as exc:
-        log.info("%s start does not replay (%s)", name, exc)
-        if rejected is not None:
-            rejected.append(schedule)
-        return best
-    log.info("%s start: %.10g J (%d recomputes, %d page-outs)", name, sim.energy_j, sim.n_recomputes, sim.n_pageouts)
-    if collect is not None:
-        collect.append((schedule, sim))
-    return (schedule, sim) if best[1] is None or sim.energy_j < best[1].energy_j else best
