@@ -329,6 +329,16 @@ def test_closed_stdout_ends_quietly(tmp_path):
     assert stderr == "", stderr
 
 
+def test_stdout_closed_from_the_start_is_one_line():
+    import subprocess
+    import sys
+
+    # (`poetlab models >&-`: Python starts with sys.stdout None)
+    result = subprocess.run(["sh", "-c", 'exec "$0" -m poetlab models >&-', sys.executable], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "poetlab: error: cannot write the output: standard output is closed", result.stderr
+
+
 # ---- 4. a schedule file records its graph ----------------------------------------------------------
 def _two_graphs_of_one_size():
     from poetlab.core.graph import Node, TrainingGraph

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import io
 import logging
 import os
@@ -195,16 +196,10 @@ def _python_only_stdout():
     inside the command's output; C's buffered output is flushed to stderr before descriptor 1 is restored.
     Nothing changes where ``sys.stdout`` is not descriptor 1 (a caller's capture, an embedding program)."""
     original = sys.stdout
-    try:
-        is_fd1 = original.fileno() == 1
-    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
-        is_fd1 = False
-    if not is_fd1:
+    duplicate = _stdout_moved_aside(original)
+    if duplicate is None:
         yield
         return
-    original.flush()
-    duplicate = os.dup(1)
-    os.dup2(2, 1)
     stream = io.TextIOWrapper(
         io.FileIO(duplicate, "w", closefd=False), encoding=original.encoding, errors=original.errors, line_buffering=original.line_buffering,
     )
@@ -220,6 +215,24 @@ def _python_only_stdout():
         _flush_c_stdio()
         os.dup2(duplicate, 1)  # (after _silence_stdout, the duplicate is /dev/null: the exit's flush stays quiet)
         os.close(duplicate)
+
+
+def _stdout_moved_aside(original) -> int | None:
+    """A duplicate of descriptor 1, which now points at stderr; None (nothing changed) where ``original`` is not
+    descriptor 1 or a descriptor cannot be had (none left, stderr closed)."""
+    try:
+        if original.fileno() != 1:
+            return None
+        original.flush()
+        duplicate = os.dup(1)
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both OSError and ValueError)
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:
+        os.close(duplicate)
+        return None
+    return duplicate
 
 
 def _flush_c_stdio() -> None:
@@ -246,15 +259,20 @@ class _GuardedStdout:
 
     def write(self, text: str) -> int:
         try:
-            return self.stream.write(text)
+            return self._open().write(text)
         except OSError as exc:
             raise _StdoutError(exc) from None
 
     def flush(self) -> None:
         try:
-            self.stream.flush()
+            self._open().flush()
         except OSError as exc:
             raise _StdoutError(exc) from None
+
+    def _open(self):
+        if self.stream is None:  # (Python's sys.stdout where the command started with descriptor 1 closed: `>&-`)
+            raise OSError(errno.EBADF, "standard output is closed")
+        return self.stream
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)
@@ -263,6 +281,8 @@ class _GuardedStdout:
 def _silence_stdout(stream) -> None:
     """Point standard output at /dev/null, so that the interpreter's own flush at exit, finding the same
     closed pipe or full disk, does not print a second error."""
+    if stream is None:
+        return
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
