@@ -21,8 +21,7 @@ The steps, each cheap before the expensive one:
    in its own process) solves the interval relaxation from a near, uncertified start. Around the relaxations, the starts
    over a budget are repaired and the fitting ones made cheaper (:mod:`poetlab.planners.poet.repair`), the relaxations'
    schedules that do not fit among them. Else build the POET MILP and solve it, started from the cheapest quick schedule
-   (greedy paging and greedy remat from :mod:`poetlab.planners.heuristics`, DTR and Capuchin from
-   :mod:`poetlab.planners.baselines`, the bound's covers) so that a solve stopped by its time limit still has a valid
+   (:mod:`poetlab.planners.poet.starts`: greedy paging and greedy remat, DTR and Capuchin, the bound's covers) so that a solve stopped by its time limit still has a valid
    schedule, never worse than those. The schedule it returns is replayed by the simulator, whose energy, runtime
    and peak are what we report; the solver's own objective is kept only to show that the two agree.
 """
