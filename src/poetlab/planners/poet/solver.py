@@ -341,6 +341,9 @@ def solve(
     def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
         return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
 
+    def certifying_j() -> float:  # the bound at which the best start is within the gap: a relaxation's target
+        return start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9)
+
     repair_budgets = RepairBudgets(float(ram_budget_bytes), runtime_budget_s, fixed, count_paging_time, charge_pagein, paging, remat)
     repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what each of the two repairs may take
 
@@ -360,7 +363,7 @@ def solve(
 
     def from_best_start(share_s: float, floor_j: float | None = None) -> tuple[float, Schedule | None, SimulationResult | None, float | None]:
         """(lower bound, best start, its simulation, the relaxation's incumbent in J) after NOTE 13's relaxation from the best start (``floor_j``: NOTE 15)."""
-        warm = interval_bound(graph, costs, options, time_limit_s=share_s, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), floor_j=floor_j)
+        warm = interval_bound(graph, costs, options, time_limit_s=share_s, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=certifying_j(), floor_j=floor_j)
         bound_j = max(lower_bound, warm.bound_j)
         log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", bound_j, bound_j / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
         return (bound_j, *better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected), None if warm.incumbent is None else warm.incumbent * costs.plain_step_energy_j)
@@ -400,7 +403,7 @@ def solve(
             log.info("%s; CP-SAT skipped", why)
         elif share >= 1.0:
             log.info("CP-SAT on the interval relaxation from the best start for %.1f s (%s; the best start %.3f%% above the bound)", share, why, 100 * relative_gap(start_sim.energy_j, lower_bound))
-            found = interval_bound_cpsat(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start, target_j=start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9), max_columns=CPSAT_MAX_COLUMNS)
+            found = interval_bound_cpsat(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start, target_j=certifying_j(), max_columns=CPSAT_MAX_COLUMNS)
             lower_bound = max(lower_bound, found.bound_j)
             start, start_sim = better((start, start_sim), "CP-SAT", found.schedule, replay, collect=fitting, rejected=rejected)
 
