@@ -10,9 +10,9 @@ from poetlab.planners.baselines import dtr
 from poetlab.planners.baselines.base import Budgets
 from poetlab.planners.heuristics import greedy_paging_schedule
 from poetlab.planners.poet.backends import run_milp
-from poetlab.planners.poet.bounds import eviction_bound
+from poetlab.planners.poet.bounds import eviction_bound, eviction_demands
 from poetlab.planners.poet.milp import build_milp
-from poetlab.planners.poet.neighbourhood import column_tensors, fits_milp, improve, window_model
+from poetlab.planners.poet.neighbourhood import column_tensors, fits_milp, improve, tensor_windows, window_model
 from poetlab.planners.poet.solver import solve
 
 from small_graphs import convnet, residual
@@ -56,6 +56,19 @@ def test_windows_search_the_milp_from_a_start_down_to_its_optimum(model, platfor
         assert exact.objective * (1 - 1e-7) <= sim.energy_j <= start_sim.energy_j
         if reaches_optimum:
             assert sim.energy_j == pytest.approx(exact.objective, rel=1e-4)  # (each window is solved to 1e-4)
+
+
+@pytest.mark.parametrize("model,platform,fraction", [("linear", "m4", 0.1), ("convnet", "m4", 0.1), ("bert", "m4", 0.5)])
+def test_windows_are_made_of_the_tensors_some_stage_cannot_hold(model, platform, fraction):
+    """A window holds only tensors live across a stage over the budget (the eviction bound's, read from the MILP's
+    own budget): no other tensor needs evicting. Every candidate is in some window, and windows overlap by half."""
+    graph, costs, options, _ = _instance(model, platform, fraction, 1.5)
+    milp = build_milp(graph, costs, options)
+    live = np.unique(np.concatenate([live for _, live, _ in eviction_demands(graph, options.ram_budget_bytes)]))
+    assert 0 < live.size < graph.n_nodes  # (else the check below could not fail)
+    windows = tensor_windows(graph, milp, 8)
+    assert np.array_equal(np.unique(np.concatenate(windows)), live)
+    assert all(len(window) <= 8 for window in windows)
 
 
 def test_a_schedule_the_milp_cannot_express_is_not_a_start():

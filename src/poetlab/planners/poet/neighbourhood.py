@@ -127,7 +127,10 @@ def tensor_windows(graph: TrainingGraph, model: MilpModel, window: int) -> list[
     the budget cannot hold across some stage (:func:`~poetlab.planners.poet.bounds.eviction_demands`:
     only their eviction can be needed; on the paper graphs the forward pass's outputs, about half of
     the tensors); every tensor where no stage is over the budget."""
-    budget = float(np.max(model.col_upper[model.u_index[model.u_index >= 0]], initial=np.inf))
+    bytes_upper = model.col_upper[model.u_index[model.u_index >= 0]]  # (the U columns' upper bound is the budget)
+    # (``initial=np.inf`` here made the budget infinite on every model, so every tensor was a candidate: on bert/m4 at
+    # 50% half the windows were the backward pass's outputs, which no stage needs evicted; docs/solve.md, NOTE 16)
+    budget = float(np.max(bytes_upper)) if bytes_upper.size else np.inf
     demands = eviction_demands(graph, budget) if np.isfinite(budget) else []
     candidates = np.unique(np.concatenate([live for _, live, _ in demands])) if demands else np.arange(graph.n_nodes)
     step = max(1, window // 2)
