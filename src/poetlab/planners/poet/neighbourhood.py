@@ -127,9 +127,8 @@ def tensor_windows(graph: TrainingGraph, model: MilpModel, window: int) -> list[
     the budget cannot hold across some stage (:func:`~poetlab.planners.poet.bounds.eviction_demands`:
     only their eviction can be needed; on the paper graphs the forward pass's outputs, about half of
     the tensors); every tensor where no stage is over the budget."""
-    bytes_upper = model.col_upper[model.u_index[model.u_index >= 0]]  # (the U columns' upper bound is the budget)
-    # (``initial=np.inf`` here made the budget infinite on every model, so every tensor was a candidate: on bert/m4 at
-    # 50% half the windows were the backward pass's outputs, which no stage needs evicted; docs/solve.md, NOTE 16)
+    # the U columns' upper bound is the RAM budget (a model without them has none: every tensor is a candidate)
+    bytes_upper = model.col_upper[model.u_index[model.u_index >= 0]]
     budget = float(np.max(bytes_upper)) if bytes_upper.size else np.inf
     demands = eviction_demands(graph, budget) if np.isfinite(budget) else []
     candidates = np.unique(np.concatenate([live for _, live, _ in demands])) if demands else np.arange(graph.n_nodes)

@@ -63,8 +63,8 @@ RELAXATION_SHARE = 0.4
 #: and the share the interval relaxation from the best start takes there otherwise, and its most seconds (NOTE 13:
 #: it certified vgg16_cifar/m4/10% in about a second where the stage relaxation took 6-9 s, and bert/jetsontx2 at its
 #: smallest footprint, which nothing certified before, where its root takes 3-5 s under load; at 30 s it took time
-#: from the repair and the window search on the 60 s grid's near rows; 16 s, not 12: on bert/m4/0.5/2x its solution
-#: that repairs to about 1.0153 comes at 9.6 s at load 4 and was missed at 12 s under more, NOTE 16)
+#: from the repair and the window search on the 60 s grid's near rows; on bert/m4/0.5/2x its solution that repairs to
+#: about 1.0153 comes at 9.6 s at load 4, so 16 s leaves room for a loaded machine, NOTE 16)
 NEAR_INTERVAL_SHARE = 0.5
 NEAR_INTERVAL_MAX_S = 16.0
 #: below this time limit the relaxation is skipped (its worker and presolve would take the share)
