@@ -61,7 +61,7 @@ def test_windows_search_the_milp_from_a_start_down_to_its_optimum(model, platfor
 @pytest.mark.parametrize("model,platform,fraction", [("linear", "m4", 0.1), ("convnet", "m4", 0.1), ("bert", "m4", 0.5)])
 def test_windows_are_made_of_the_tensors_some_stage_cannot_hold(model, platform, fraction):
     """A window holds only tensors live across a stage over the budget (the eviction bound's, read from the MILP's
-    own budget): no other tensor needs evicting. Every candidate is in some window, and windows overlap by half."""
+    own budget): no other tensor needs evicting. Every candidate is in some window, none over 8 tensors."""
     graph, costs, options, _ = _instance(model, platform, fraction, 1.5)
     milp = build_milp(graph, costs, options)
     live = np.unique(np.concatenate([live for _, live, _ in eviction_demands(graph, options.ram_budget_bytes)]))
