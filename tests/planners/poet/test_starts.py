@@ -34,6 +34,20 @@ def test_the_best_start_is_the_cheapest_that_fits_and_the_others_are_sorted_out(
             replay(made)
 
 
+def test_each_start_s_least_energy_within_the_budgets_is_kept_by_name(tight):
+    """``energies``: per quick start that fits, its least energy (what the primal phase reads of the eviction cover's
+    schedule, NOTE 18); the cheapest of them is the best start, and a start left out has none."""
+    graph, costs, options, replay, budgets = tight
+    energies, fitting = {}, []
+    _, sim = best_start(graph, costs, options, budgets.runtime_s, replay, collect=fitting, energies=energies)
+    assert energies and set(energies) <= {"greedy paging", "eviction cover", "DTR", "greedy remat", "Capuchin"}
+    assert min(energies.values()) == sim.energy_j
+    assert all(any(other.energy_j == energy for _, other in fitting) for energy in energies.values())
+    left_out = {}
+    best_start(graph, costs, options, budgets.runtime_s, replay, exclude=("eviction_cover",), energies=left_out)
+    assert "eviction cover" not in left_out and "eviction cover" in energies
+
+
 def test_every_start_left_out_by_name_is_left_out(tight, caplog):
     graph, costs, options, replay, budgets = tight
     with caplog.at_level("INFO", logger="poetlab.poet_solver"):

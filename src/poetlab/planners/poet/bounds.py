@@ -22,6 +22,7 @@ tighten memory; ``count_paging_time`` is honoured). With compression the bound i
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -108,19 +109,35 @@ def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked:
     return milp(cost, constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, allowed.astype(float)), options={"time_limit": time_limit_s, "mip_rel_gap": gap})
 
 
+@dataclass(frozen=True)
+class EvictionCover:
+    """The eviction bound (J) and the covering problem's best solution: per tensor, whether it recomputes it
+    (None where it has none: nothing over budget, compression, no solution). The solution is what the primal
+    phase restricts the interval relaxation to (:mod:`poetlab.planners.poet.primal`, NOTE 18)."""
+
+    bound_j: float
+    recompute: np.ndarray | None = None
+
+
+def eviction_cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> EvictionCover:
+    """:func:`eviction_bound`, with the covering problem's solution."""
+    trivial = costs.plain_step_energy_j
+    result = None if options.compression else _cover(graph, costs, options, linked=False, time_limit_s=time_limit_s)
+    if result is None:
+        return EvictionCover(trivial)
+    if result.status == 2:  # no regeneration meets the budgets: the MILP will say so with its reasons
+        log.info("eviction bound: the covering problem is infeasible")
+        return EvictionCover(trivial)
+    extra = proven_extra(result, COVER_GAP)
+    recompute = None if result.x is None else np.asarray(result.x[: graph.n_nodes]).round().astype(bool)
+    return EvictionCover(trivial if extra is None else trivial * (1.0 + max(0.0, extra)), recompute)
+
+
 def eviction_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0) -> float:
     """A lower bound (J) on the energy of every schedule meeting ``options``' budgets: one plain step plus
     the cheapest regeneration of the tensors the budget cannot hold across some stage. Returns the
     trivial bound where the argument does not apply (compression) or proves nothing."""
-    trivial = costs.plain_step_energy_j
-    result = None if options.compression else _cover(graph, costs, options, linked=False, time_limit_s=time_limit_s)
-    if result is None:
-        return trivial
-    if result.status == 2:  # no regeneration meets the budgets: the MILP will say so with its reasons
-        log.info("eviction bound: the covering problem is infeasible")
-        return trivial
-    extra = proven_extra(result, COVER_GAP)
-    return trivial if extra is None else trivial * (1.0 + max(0.0, extra))
+    return eviction_cover(graph, costs, options, time_limit_s).bound_j
 
 
 def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 2.0) -> list[Schedule]:

@@ -9,7 +9,9 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else, where the best start is near the bound, solve the interval relaxation
+   optimal. Else, where the best start is near the bound and the bound's cover fills the runtime budget's slack with
+   recomputations, the interval relaxation restricted to them gives a schedule (:mod:`poetlab.planners.poet.primal`);
+   then, where the best start is near the bound, solve the interval relaxation
    (:mod:`poetlab.planners.poet.intervals`, without its kept-through and idle-gap rows) from the best start
    for a share of the time limit (the stage relaxation, :mod:`poetlab.planners.poet.relaxation`, where the
    interval relaxation makes no schedules: without recomputation, with page-ins charged): its bound joins
@@ -36,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-from poetlab.planners.poet.bounds import eviction_bound
+from poetlab.planners.poet.bounds import eviction_cover
 from poetlab.core.costs import CostModel, check_graph_and_costs
 from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
@@ -45,6 +47,7 @@ from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve
 from poetlab.planners.poet.cpsat import cpsat_available, interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
+from poetlab.planners.poet.primal import cover_fills_slack, cover_restricted
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.starts import QUICK_STARTS, best_start, better, milp_seeds
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
@@ -114,6 +117,14 @@ REPAIR_AGAIN_MAX_S = 12.0
 #: is within 5% of it, uncertified, CP-SAT solves it (up to this many columns) from that start, for the time left less 2 s (NOTE 14)
 CPSAT_MIN_TIME_LIMIT_S = 30.0
 CPSAT_MAX_COLUMNS = 50_000
+#: near the bound (the best start within INTERVAL_MIN_START_GAP of it after the first repair), from this limit on, where
+#: the eviction cover's recomputations take nearly all of the runtime budget's slack and its schedule (NOTE 2) is within
+#: INTERVAL_MIN_START_GAP of the bound too, the interval relaxation restricted to them (:mod:`poetlab.planners.poet.primal`) looks for a
+#: schedule for this share of the limit, at most this many seconds, stopped once its solution certifies (NOTE 18: on
+#: Fig. 4's resnet18/m4/0.2/1.000177x, 3.6 s to a schedule within 0.05% of the eviction bound)
+PRIMAL_MIN_TIME_LIMIT_S = 30.0
+PRIMAL_SHARE = 0.15
+PRIMAL_MAX_S = 8.0
 #: the least time left for which POET's MILP starts on a graph of 100 nodes or more (NEIGHBOURHOOD_MIN_COLUMNS
 #: of R and S_RAM); with less, the solve is at or past its limit and returns its best start: HiGHS needs longer
 #: than that to read and presolve such a model (resnet50: 424k columns, stopped after 1.5 s with nothing new)
@@ -322,13 +333,16 @@ def solve(
         log.info(message)
         return result("optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=lower_bound, gap=0.0)
 
+    cover = None
     if bound == "eviction":
-        lower_bound = max(lower_bound, eviction_bound(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s)))
+        cover = eviction_cover(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s))
+        lower_bound = max(lower_bound, cover.bound_j)
     evicted_j = lower_bound
     log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
     fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
+    quick: dict[str, float] = {}  # and each quick start's least energy within them, by name
     rejected: list[Schedule] = []  # and every one that does not, for the repair
-    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting, rejected=rejected)
+    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting, rejected=rejected, energies=quick)
     for given in starts:
         try:
             given_sim = replay(given)
@@ -361,6 +375,16 @@ def solve(
         start, start_sim = repaired(loose + rejected, repair_s, chains=False)
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
+    # near the bound, where the cover's recomputations fill the runtime budget's slack and its schedule is near too: the
+    # interval relaxation restricted to those recomputations (NOTE 18), for a start
+    near_cover = "eviction cover" in quick and relative_gap(quick["eviction cover"], lower_bound) <= INTERVAL_MIN_START_GAP
+    if (
+        cover is not None and cover.recompute is not None and near_cover and cover_fills_slack(costs, options, cover.recompute) and not compression and remat
+        and not charge_pagein and time_limit_s >= PRIMAL_MIN_TIME_LIMIT_S and start_sim is not None and not proven() and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP
+    ):
+        share = min(PRIMAL_SHARE * time_limit_s, PRIMAL_MAX_S, started + time_limit_s - time.perf_counter())
+        found = cover_restricted(graph, costs, options, cover.recompute, time_limit_s=max(0.1, share), floor_j=lower_bound / (1 - mip_gap), mip_gap=mip_gap / 2, max_columns=CPSAT_MAX_COLUMNS)
+        start, start_sim = better((start, start_sim), "cover-restricted relaxation", found.schedule, replay, collect=fitting, rejected=rejected)
 
     def from_best_start(share_s: float, floor_j: float | None = None) -> tuple[float, Schedule | None, SimulationResult | None, float | None]:
         """(lower bound, best start, its simulation, the relaxation's incumbent in J) after NOTE 13's relaxation from the best start (``floor_j``: NOTE 15)."""

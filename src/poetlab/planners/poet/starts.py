@@ -25,7 +25,7 @@ QUICK_STARTS = ("greedy_paging", "eviction_cover", "dtr", "greedy_remat", "capuc
 
 def best_start(
     graph, costs, options: MilpOptions, runtime_budget_s, replay, covers_s: float = 2.0, deadline: float = math.inf, exclude: Sequence[str] = (),
-    collect: list | None = None, rejected: list | None = None,
+    collect: list | None = None, rejected: list | None = None, energies: dict[str, float] | None = None,
 ) -> tuple[Schedule | None, SimulationResult | None]:
     """The cheapest of the quick schedules that the options allow and that replay within the budgets,
     or (None, None): greedy paging, the eviction bound's covers made into schedules, the dynamic planner
@@ -34,7 +34,8 @@ def best_start(
     before finding anything as good. Past ``deadline`` (the solve's time limit) the rest are skipped
     once one start exists. The methods stay independent baselines in the comparison too. Those named in
     ``exclude`` (:data:`QUICK_STARTS`) are skipped; every start that replays is appended to ``collect`` (with
-    its simulation) where one is given, and every one that does not to ``rejected``."""
+    its simulation) where one is given, and every one that does not to ``rejected``; ``energies`` gets each start's least
+    energy that replays within the budgets, by name (e.g. "eviction cover")."""
     # the baselines import poetlab.solve for their MILP variants, so they are imported here, not above
     from poetlab.planners.baselines import capuchin, dtr
     from poetlab.planners.baselines.base import Budgets, CannotMeetBudget
@@ -64,7 +65,12 @@ def best_start(
         except CannotMeetBudget:
             continue
         for schedule in made:
-            best = better(best, name, schedule, replay, collect, rejected)
+            fits: list = []
+            best = better(best, name, schedule, replay, fits, rejected)
+            if fits and energies is not None:
+                energies[name] = min(energies.get(name, math.inf), fits[0][1].energy_j)
+            if collect is not None:
+                collect.extend(fits)
     return best
 
 
