@@ -235,7 +235,7 @@ def interval_bound(
     if start is not None or target_j is not None or floor_j is not None:
         log.info("interval relaxation built in %.1f s: %d columns, %d rows%s", built_s, n, problem.A.shape[0], "" if x0 is None else f", the start's point at {1 + float(problem.cost @ x0):.6f}")
         target = None if target_j is None else target_j / trivial - 1.0
-        result = _solve_highspy(problem, integral, time_limit_s - built_s, mip_gap, x0, target, None if floor_j is None else floor_j / trivial - 1.0)
+        result = solve_highspy(problem, integral, time_limit_s - built_s, mip_gap, x0, target, None if floor_j is None else floor_j / trivial - 1.0)
     else:
         from scipy.optimize import Bounds, LinearConstraint, milp
 
@@ -321,7 +321,7 @@ class _Result:
         self.status, self.x, self.fun, self.mip_dual_bound = status, x, fun, mip_dual_bound
 
 
-def _solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None, floor: float | None = None) -> _Result:
+def solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None, floor: float | None = None) -> _Result:
     """The relaxation by highspy in this process (one thread, as scipy's ``milp`` runs it), from ``x0`` where given,
     stopped once the dual bound reaches ``target`` (the objective above one plain step) or once a solution is below
     ``floor`` (likewise). Logs when the root's bound first shows and when the target is reached (NOTE 13's timings)."""

@@ -27,7 +27,7 @@ import numpy as np
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import Schedule
-from poetlab.planners.poet.intervals import _solve_highspy, interval_problem, interval_schedule
+from poetlab.planners.poet.intervals import solve_highspy, interval_problem, interval_schedule
 from poetlab.planners.poet.milp import MilpOptions
 
 log = logging.getLogger("poetlab.bounds")
@@ -83,7 +83,7 @@ def cover_restricted(
     restricted = replace(problem, upper=upper)
     floor = None if floor_j is None else floor_j / costs.plain_step_energy_j - 1.0
     left_s = time_limit_s - (time.perf_counter() - started)
-    result = _solve_highspy(restricted, True, left_s, mip_gap, None, floor, floor)  # (its bound at the floor: no solution of it certifies)
+    result = solve_highspy(restricted, True, left_s, mip_gap, None, floor, floor)  # (its bound at the floor: no solution of it certifies)
     seconds = time.perf_counter() - started
     if result.x is None:
         log.info("primal phase (the relaxation restricted to the cover's recomputations): no solution in %.1f s", seconds)
