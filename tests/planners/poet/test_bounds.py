@@ -3,17 +3,24 @@ binds, and an end to the solve when a schedule meets it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.planners.poet.bounds import HIGHS_ABS_GAP, eviction_bound
 from poetlab.planners.poet.milp import MilpOptions, build_milp
 from poetlab.core.graph import min_footprint_bytes
+from poetlab.planners.comparison import budget_ladder
 from poetlab.planners.poet.solver import solve
-from poetlab.core.schedule import checkpoint_all_schedule, simulate
+from poetlab.core.schedule import Schedule, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import run_milp
 
 from small_graphs import convnet, residual
+
+#: schedules found offline that `solve` does not reach within its limit, kept as witnesses of what docs/solve.md says
+#: of a row's optimum (never a start of the pipeline's solves: its numbers come out of its own search)
+WITNESSES = Path(__file__).parent / "witnesses"
 
 
 def _setup(model, platform):
@@ -152,3 +159,19 @@ def test_a_bound_read_from_highs_holds_where_it_stopped_on_its_absolute_gap():
         fooled += tiny.mip_dual_bound > optimum * (1 + 1e-9)
         assert proven_extra(tiny, 1e-6) <= optimum
     assert fooled >= 1  # (HiGHS's reported bound was above the optimum at least once: the case this guards)
+
+
+@pytest.mark.parametrize("factor", [2.0, 1.05])
+def test_bert_on_the_m4_at_half_the_budget_is_within_a_tenth_of_a_percent_of_the_eviction_bound(factor):
+    """NOTE 19: Fig. 3's bert/m4/0.5 (2x) and the grid's (1.05x) share a budget and an eviction bound (1.013709 plain
+    steps); windows cut along the skip-add chain found a schedule 0.093% above it in 14 minutes offline, kept as a
+    witness: replayed within both budgets it lies between the bound and the bound's 0.1%, so the eviction bound,
+    loose by construction on this chain (NOTE 16), is loose by less than the certifying gap here."""
+    graph = build_paper_graph("bert", 1)
+    costs = CostModel.from_flops(graph, load_platform("m4"))
+    ram = budget_ladder(graph, costs, [0.5])[0]
+    schedule = Schedule.load(WITNESSES / "bert-m4-0.5.schedule.json", graph)
+    replayed = simulate(schedule, graph, costs, ram_budget_bytes=ram, runtime_budget_s=factor * costs.plain_step_runtime_s, fixed_bytes=graph.reserved_bytes)
+    bound = eviction_bound(graph, costs, MilpOptions(ram, factor))
+    assert bound > 1.01 * costs.plain_step_energy_j  # the budget binds: the bound is not the trivial one
+    assert bound <= replayed.energy_j <= bound / (1 - 1e-3)

@@ -30,7 +30,7 @@ from poetlab.core.schedule import Schedule
 from poetlab.planners.poet.intervals import solve_highspy, interval_problem, interval_schedule
 from poetlab.planners.poet.milp import MilpOptions
 
-log = logging.getLogger("poetlab.bounds")
+log = logging.getLogger("poetlab.primal")
 
 
 #: the least share of the runtime budget's slack that the cover's recomputations must take for the phase to run: with
