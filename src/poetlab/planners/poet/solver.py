@@ -375,12 +375,12 @@ def solve(
         start, start_sim = repaired(loose + rejected, repair_s, chains=False)
         log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
     repaired_before = len(rejected)
-    # near the bound, where the cover's recomputations fill the runtime budget's slack and its schedule is near too: the
-    # interval relaxation restricted to those recomputations (NOTE 18), for a start
+    # where the cover's own schedule is near the bound (so the best start, no dearer, is too) and its recomputations fill
+    # the runtime budget's slack: the interval relaxation restricted to those recomputations (NOTE 18), for a start
     near_cover = "eviction cover" in quick and relative_gap(quick["eviction cover"], lower_bound) <= INTERVAL_MIN_START_GAP
     if (
-        cover is not None and cover.recompute is not None and near_cover and cover_fills_slack(costs, options, cover.recompute) and not compression and remat
-        and not charge_pagein and time_limit_s >= PRIMAL_MIN_TIME_LIMIT_S and start_sim is not None and not proven() and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP
+        near_cover and cover is not None and cover.recompute is not None and cover_fills_slack(costs, options, cover.recompute)
+        and not compression and remat and not charge_pagein and time_limit_s >= PRIMAL_MIN_TIME_LIMIT_S and not proven()
     ):
         share = min(PRIMAL_SHARE * time_limit_s, PRIMAL_MAX_S, started + time_limit_s - time.perf_counter())
         found = cover_restricted(graph, costs, options, cover.recompute, time_limit_s=max(0.1, share), floor_j=lower_bound / (1 - mip_gap), mip_gap=mip_gap / 2, max_columns=CPSAT_MAX_COLUMNS)
