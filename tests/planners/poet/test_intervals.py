@@ -191,7 +191,7 @@ def test_a_fitting_schedule_of_the_milp_maps_to_a_point_of_the_relaxation_at_no_
     frees one stage late are not) maps to a point that meets every row of the relaxation (with the idle-gap and kept-through
     rows and without them) at no more than its simulated energy: the start that ``interval_bound`` is given (NOTE 13)."""
     from poetlab.planners.poet.neighbourhood import fits_milp
-    from poetlab.planners.poet.solver import best_start
+    from poetlab.planners.poet.starts import best_start
 
     graph = GRAPHS[model]()
     costs, peak, footprint = setup(graph, platform)

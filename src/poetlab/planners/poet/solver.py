@@ -26,6 +26,9 @@ The steps, each cheap before the expensive one:
    (:mod:`poetlab.planners.poet.starts`: greedy paging and greedy remat, DTR and Capuchin, the bound's covers) so that a solve stopped by its time limit still has a valid
    schedule, never worse than those. The schedule it returns is replayed by the simulator, whose energy, runtime
    and peak are what we report; the solver's own objective is kept only to show that the two agree.
+
+Each step is one function below, with its gate and time share; what they share (the best start, the bound, the clock)
+is one :class:`~poetlab.planners.poet.search_state.SearchState`, which also holds what a step does to it.
 """
 
 from __future__ import annotations
@@ -34,25 +37,23 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-
-from poetlab.planners.poet.bounds import eviction_cover
 from poetlab.core.costs import CostModel, check_graph_and_costs
-from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
+from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule
+from poetlab.errors import InvalidArgumentError, PoetlabError, UnknownNameError
 from poetlab.planners.compression import compress_all_schedule
-from poetlab.planners.poet.milp import MilpOptions, build_milp
+from poetlab.planners.poet.backends import SOLVERS, MilpSolution, relative_gap, run_milp
+from poetlab.planners.poet.cpsat import cpsat_available
+from poetlab.planners.poet.milp import MilpModel, MilpOptions, build_milp
 from poetlab.planners.poet.neighbourhood import fits_milp, improve
-from poetlab.planners.poet.cpsat import cpsat_available, interval_bound_cpsat
-from poetlab.planners.poet.intervals import interval_bound, interval_start
-from poetlab.planners.poet.primal import cover_fills_slack, cover_restricted
-from poetlab.planners.poet.relaxation import stage_relaxation
-from poetlab.planners.poet.starts import QUICK_STARTS, best_start, better, milp_seeds
-from poetlab.planners.poet.repair import Budgets as RepairBudgets, loose_starts, repair_all
-from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, checkpoint_all_schedule, simulate
-from poetlab.planners.poet.backends import SOLVERS, relative_gap, run_milp
+from poetlab.planners.poet.primal import cover_fills_slack
+from poetlab.planners.poet.repair import loose_starts
+from poetlab.planners.poet.search_state import SearchState
+from poetlab.planners.poet.starts import QUICK_STARTS, milp_seeds
 
 log = logging.getLogger("poetlab.poet_solver")
 
@@ -130,6 +131,11 @@ PRIMAL_MAX_S = 8.0
 #: than that to read and presolve such a model (resnet50: 424k columns, stopped after 1.5 s with nothing new)
 MILP_MIN_LEFT_S = 1.0
 BOUNDS = ("eviction", "trivial")
+#: the fields of a :class:`SolveResult` read off the simulator's replay of its schedule (None without one)
+_SIMULATED = (
+    "energy_j", "compute_energy_j", "pagein_energy_j", "pageout_energy_j", "runtime_s", "peak_ram_bytes", "n_recomputes", "n_pageouts",
+    "n_pageins", "compression_energy_j", "n_compresses",
+)
 
 
 @dataclass(frozen=True)
@@ -279,276 +285,304 @@ def solve(
     # TrainingGraph.reserved_bytes; each operation's workspace is counted while it runs: TrainingGraph.workspace)
     fixed = (2 * graph.param_bytes if params_in_budget else 0) + graph.reserved_bytes
     runtime_budget_s = None if runtime_budget_factor is None else runtime_budget_factor * costs.plain_step_runtime_s
-    lower_bound = costs.plain_step_energy_j
-
-    def result(status: str, solver_name: str, message: str, schedule=None, sim=None, objective=None, bound=None, gap=None) -> SolveResult:
-        return SolveResult(
-            status=status,
-            solver=solver_name,
-            energy_j=sim.energy_j if sim else None,
-            compute_energy_j=sim.compute_energy_j if sim else None,
-            pagein_energy_j=sim.pagein_energy_j if sim else None,
-            pageout_energy_j=sim.pageout_energy_j if sim else None,
-            runtime_s=sim.runtime_s if sim else None,
-            peak_ram_bytes=sim.peak_ram_bytes if sim else None,
-            solve_time_s=time.perf_counter() - started,
-            mip_gap=gap,
-            objective_j=objective,
-            bound_j=bound,
-            n_recomputes=sim.n_recomputes if sim else None,
-            n_pageouts=sim.n_pageouts if sim else None,
-            n_pageins=sim.n_pageins if sim else None,
-            ram_budget_bytes=float(ram_budget_bytes),
-            runtime_budget_s=runtime_budget_s,
-            message=message,
-            schedule=schedule,
-            simulation=sim,
-            compression_energy_j=sim.compression_energy_j if sim else None,
-            n_compresses=sim.n_compresses if sim else None,
-        )
-
-    def replay(schedule: Schedule) -> SimulationResult:
-        return simulate(
-            schedule, graph, costs, ram_budget_bytes=ram_budget_bytes, runtime_budget_s=runtime_budget_s,
-            count_paging_time=count_paging_time, fixed_bytes=fixed,
-        )
-
+    search = SearchState(graph, costs, options, ram_budget_bytes, runtime_budget_s, fixed, time_limit_s, mip_gap, started, lower_bound=costs.plain_step_energy_j)
     footprint, node = min_footprint_bytes(graph)
-    if footprint + fixed > ram_budget_bytes:
-        extra = f" plus {fixed:,} bytes kept free beside the tensors (parameters and gradients where asked, RNG states and shared-weight gradients: TrainingGraph.reserved_bytes)" if fixed else ""
-        message = (
-            f"the RAM budget {int(ram_budget_bytes):,} bytes is below the smallest single-node footprint "
-            f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output{' and workspace' if graph.workspace[node] else ''} in RAM at once)"
-        )
-        log.info(message)
-        return result("infeasible", "bound", message)
+    settled = _below_footprint(search, footprint, node) or _checkpoint_all_fits(search)
+    if settled is not None:
+        return settled
 
-    baseline = checkpoint_all_schedule(graph)
-    try:
-        sim = replay(baseline)
-    except InvalidScheduleError:
-        sim = None
-    if sim is not None:
-        message = "checkpoint-all fits the budgets and meets the lower bound (every node computed once): optimal without a MILP"
-        log.info(message)
-        return result("optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=lower_bound, gap=0.0)
-
-    cover = None
-    if bound == "eviction":
-        cover = eviction_cover(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s))
-        lower_bound = max(lower_bound, cover.bound_j)
-    evicted_j = lower_bound
-    log.info("lower bound: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
-    fitting: list[tuple[Schedule, SimulationResult]] = []  # every start that replays within the budgets
-    quick: dict[str, float] = {}  # and each quick start's least energy within them, by name
-    rejected: list[Schedule] = []  # and every one that does not, for the repair
-    start, start_sim = best_start(graph, costs, options, runtime_budget_s, replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0, deadline=started + time_limit_s, exclude=exclude_starts, collect=fitting, rejected=rejected, energies=quick)
-    for given in starts:
-        try:
-            given_sim = replay(given)
-        except InvalidScheduleError as exc:
-            log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
-            continue
-        fitting.append((given, given_sim))
-        if start_sim is None or given_sim.energy_j < start_sim.energy_j:
-            start, start_sim = given, given_sim
-
-    def proven() -> bool:  # the best start is within the gap of the lower bound: nothing left to solve
-        return start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= mip_gap
-
-    def certifying_j() -> float:  # the bound at which the best start is within the gap: a relaxation's target
-        return start_sim.energy_j * (1 - mip_gap) * (1 + 1e-9)
-
-    repair_budgets = RepairBudgets(float(ram_budget_bytes), runtime_budget_s, fixed, count_paging_time, charge_pagein, paging, remat)
-    repair_s = min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2)  # what each of the two repairs may take
-
-    def repaired(schedules: list[Schedule], share_s: float, chains: bool) -> tuple[Schedule | None, SimulationResult | None]:
-        best = (start, start_sim)
-        for schedule in repair_all(graph, costs, schedules, repair_budgets, time_limit_s=min(share_s, started + time_limit_s - time.perf_counter()), chains=chains):
-            best = better(best, "repaired", schedule, replay, collect=fitting)
-        return best
-
-    if bound == "eviction" and not compression and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not proven():
-        loose = loose_starts(graph, costs, repair_budgets, exclude=exclude_starts)
-        # (single changes only: the fitting starts' turn, with the ejection chains, comes after the relaxations, whose bounds
-        # need the time more, and which run only while the best start is far from the bound: docs/solve.md, NOTE 9)
-        start, start_sim = repaired(loose + rejected, repair_s, chains=False)
-        log.info("after the repair: %s", "no schedule" if start_sim is None else f"{start_sim.energy_j:.10g} J")
-    repaired_before = len(rejected)
-    # where the cover's own schedule is near the bound (so the best start, no dearer, is too) and its recomputations fill
-    # the runtime budget's slack: the interval relaxation restricted to those recomputations (NOTE 18), for a start
-    near_cover = "eviction cover" in quick and relative_gap(quick["eviction cover"], lower_bound) <= INTERVAL_MIN_START_GAP
-    if (
-        near_cover and cover is not None and cover.recompute is not None and cover_fills_slack(costs, options, cover.recompute)
-        and not compression and remat and not charge_pagein and time_limit_s >= PRIMAL_MIN_TIME_LIMIT_S and not proven()
-    ):
-        share = min(PRIMAL_SHARE * time_limit_s, PRIMAL_MAX_S, started + time_limit_s - time.perf_counter())
-        found = cover_restricted(graph, costs, options, cover.recompute, time_limit_s=max(0.1, share), floor_j=lower_bound / (1 - mip_gap), mip_gap=mip_gap / 2, max_columns=CPSAT_MAX_COLUMNS)
-        start, start_sim = better((start, start_sim), "cover-restricted relaxation", found.schedule, replay, collect=fitting, rejected=rejected)
-
-    def from_best_start(share_s: float, floor_j: float | None = None) -> tuple[float, Schedule | None, SimulationResult | None, float | None]:
-        """(lower bound, best start, its simulation, the relaxation's incumbent in J) after NOTE 13's relaxation from the best start (``floor_j``: NOTE 15)."""
-        warm = interval_bound(graph, costs, options, time_limit_s=share_s, mip_gap=mip_gap / 2, kept_rows=False, start=start, target_j=certifying_j(), floor_j=floor_j)
-        bound_j = max(lower_bound, warm.bound_j)
-        log.info("lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)", bound_j, bound_j / costs.plain_step_energy_j, "optimal" if warm.optimal else "stopped", warm.seconds)
-        return (bound_j, *better((start, start_sim), "interval relaxation from the best start", warm.schedule, replay, collect=fitting, rejected=rejected), None if warm.incumbent is None else warm.incumbent * costs.plain_step_energy_j)
-
+    searching = bound == "eviction" and not compression  # (the phases before POET's MILP: steps 3-6 of docs/solve.md)
+    search.begin(bound, starts, exclude_starts)
+    _first_repair(search, searching, exclude_starts)
+    _primal_phase(search)
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
-    far_at_once = remat and not charge_pagein and start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
-    if bound == "eviction" and not compression and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not proven():
-        remaining = started + time_limit_s - time.perf_counter()
-        if remat and not charge_pagein and start_sim is not None:  # near the bound: the interval relaxation from the best start (NOTE 13)
-            lower_bound, start, start_sim, _ = from_best_start(max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s)))  # (the second repair keeps its share)
-        else:
-            relaxed = stage_relaxation(graph, costs, options, time_limit_s=max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)), mip_gap=mip_gap / 2, start=start)
-            lower_bound = max(lower_bound, relaxed.bound_j)
-            start, start_sim = better((start, start_sim), "stage relaxation", relaxed.schedule, replay, collect=fitting, rejected=rejected)
-            log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+    far_at_once = remat and not charge_pagein and search.start_sim is not None and search.start_gap() > INTERVAL_MIN_START_GAP
+    _near_relaxation(search, searching, far_at_once, again_s)
+    far = search.start_sim is not None and search.start_gap() > INTERVAL_MIN_START_GAP
+    _far_relaxation(search, searching, far, far_at_once, again_s)
+    _cpsat_phase(search, searching)
+    _second_repair(search, searching, again_s)
+    _near_after_far(search, searching, far)
+    model = _window_search(search, searching)
 
-    far = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) > INTERVAL_MIN_START_GAP
-    if bound == "eviction" and not compression and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and far and not proven():
-        remaining = started + time_limit_s - time.perf_counter()
-        if far_at_once:  # (the stage relaxation was skipped: its share, less what the second repair needs)
-            share = min(INTERVAL_FAR_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s)
-            log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
-        else:
-            share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
-        interval_j, schedules, relaxed_j = interval_start(graph, costs, options, time_limit_s=max(0.1, share))
-        lower_bound = max(lower_bound, interval_j)
-        for schedule in schedules:
-            start, start_sim = better((start, start_sim), "interval relaxation", schedule, replay, collect=fitting, rejected=rejected)
-        log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", lower_bound, lower_bound / costs.plain_step_energy_j)
+    # the same problem again, smaller (the restrictions) or without compression, for a start
+    resolve = partial(
+        solve, graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time, charge_pagein=charge_pagein,
+        params_in_budget=params_in_budget, solver=solver, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, exclude_starts=exclude_starts,
+    )
+    if compression and not search.proven():
+        _compression_starts(search, resolve(paging=paging, remat=remat, time_limit_s=time_limit_s / 2, staged=staged, starts=starts))
+    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S and not search.proven():
+        _staged_starts(search, resolve)
+    return _without_milp(search) or _final_milp(search, model, footprint, solver, threads, verbose)
 
-    near = start_sim is not None and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP  # (far: the repair's and the windows' turn)
-    if bound == "eviction" and not compression and remat and not charge_pagein and near and time_limit_s >= CPSAT_MIN_TIME_LIMIT_S and lower_bound > evicted_j * (1 + mip_gap) and not proven():
-        available, why = cpsat_available()
-        share = started + time_limit_s - time.perf_counter() - REPAIR_AGAIN_MIN_S
-        if not available:
-            log.info("%s; CP-SAT skipped", why)
-        elif share >= 1.0:
-            log.info("CP-SAT on the interval relaxation from the best start for %.1f s (%s; the best start %.3f%% above the bound)", share, why, 100 * relative_gap(start_sim.energy_j, lower_bound))
-            found = interval_bound_cpsat(graph, costs, options, time_limit_s=share, mip_gap=mip_gap / 2, start=start, target_j=certifying_j(), max_columns=CPSAT_MAX_COLUMNS)
-            lower_bound = max(lower_bound, found.bound_j)
-            start, start_sim = better((start, start_sim), "CP-SAT", found.schedule, replay, collect=fitting, rejected=rejected)
 
-    if bound == "eviction" and not compression and time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not proven():
-        start, start_sim = repaired(rejected[repaired_before:] + [schedule for schedule, _ in fitting], again_s, chains=True)  # the relaxations' schedules, and every fitting start made cheaper
+def _result(search: SearchState, status: str, solver_name: str, message: str, schedule=None, sim=None, objective=None, bound=None, gap=None) -> SolveResult:
+    """The :class:`SolveResult` of ``search`` (its time taken so far), with ``sim``'s replay of ``schedule``."""
+    return SolveResult(
+        status=status, solver=solver_name, solve_time_s=time.perf_counter() - search.started, mip_gap=gap, objective_j=objective, bound_j=bound,
+        ram_budget_bytes=float(search.ram_budget_bytes), runtime_budget_s=search.runtime_budget_s, message=message, schedule=schedule, simulation=sim,
+        **{name: getattr(sim, name) if sim else None for name in _SIMULATED},
+    )
 
-    # the far path's schedules, repaired, brought the best start near the bound: the near path's relaxation from it (NOTE 15)
-    if bound == "eviction" and not compression and far and remat and not charge_pagein and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not proven() and relative_gap(start_sim.energy_j, lower_bound) <= INTERVAL_MIN_START_GAP:
-        share = min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, started + time_limit_s - time.perf_counter() - REPAIR_MIN_S)
-        if share < NEAR_AFTER_FAR_MIN_S or (relaxed_j is not None and relaxed_j < lower_bound):
-            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it skipped (%s)", 100 * relative_gap(start_sim.energy_j, lower_bound), f"{share + REPAIR_MIN_S:.1f} s left" if share < NEAR_AFTER_FAR_MIN_S else "it has a solution below the bound")
-        else:
-            log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it, for %.1f s", 100 * relative_gap(start_sim.energy_j, lower_bound), share)
-            unrepaired, floor_j = len(rejected), lower_bound
-            lower_bound, start, start_sim, incumbent_j = from_best_start(share, floor_j=floor_j)
-            if rejected[unrepaired:] and not proven() and incumbent_j is not None and incumbent_j >= floor_j:  # its schedule, over a budget (one below the bound cannot fit)
-                start, start_sim = repaired(rejected[unrepaired:], REPAIR_AGAIN_MAX_S, chains=True)
 
+def _below_footprint(search: SearchState, footprint: int, node: int) -> SolveResult | None:
+    """Step 1: a budget below the smallest single-node footprint (plus what is kept free) fits no schedule."""
+    graph, fixed = search.graph, search.fixed_bytes
+    if footprint + fixed <= search.ram_budget_bytes:
+        return None
+    extra = f" plus {fixed:,} bytes kept free beside the tensors (parameters and gradients where asked, RNG states and shared-weight gradients: TrainingGraph.reserved_bytes)" if fixed else ""
+    message = (
+        f"the RAM budget {int(search.ram_budget_bytes):,} bytes is below the smallest single-node footprint "
+        f"{footprint:,} bytes{extra} (node {graph.nodes[node].name} needs its inputs and output{' and workspace' if graph.workspace[node] else ''} in RAM at once)"
+    )
+    log.info(message)
+    return _result(search, "infeasible", "bound", message)
+
+
+def _checkpoint_all_fits(search: SearchState) -> SolveResult | None:
+    """Step 2: checkpoint-all computes every node once, so where it fits it meets the trivial bound: optimal."""
+    baseline = checkpoint_all_schedule(search.graph)
+    try:
+        sim = search.replay(baseline)
+    except InvalidScheduleError:
+        return None
+    message = "checkpoint-all fits the budgets and meets the lower bound (every node computed once): optimal without a MILP"
+    log.info(message)
+    return _result(search, "optimal", "bound", message, baseline, sim, objective=sim.energy_j, bound=search.lower_bound, gap=0.0)
+
+
+def _first_repair(search: SearchState, searching: bool, exclude_starts: Sequence[str]) -> None:
+    """Step 3's repair (NOTE 6), from a 2 s limit, for 10% of it (1-6 s, at most half): the starts that did not replay,
+    and DTR and greedy remat planned for the RAM budget alone, made to fit. Single changes only: the fitting starts'
+    turn, with the ejection chains, comes after the relaxations, whose bounds need the time more (NOTE 9)."""
+    time_limit_s = search.time_limit_s
+    if searching and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not search.proven():
+        loose = loose_starts(search.graph, search.costs, search.repair_budgets, exclude=exclude_starts)
+        search.repair(loose + search.rejected, min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2), chains=False)
+        log.info("after the repair: %s", "no schedule" if search.start_sim is None else f"{search.start_sim.energy_j:.10g} J")
+    search.repaired_before = len(search.rejected)
+
+
+def _primal_phase(search: SearchState) -> None:
+    """Step 4's primal phase (NOTE 18), from a 30 s limit: where the eviction cover's own schedule is near the bound (so
+    the best start, no dearer, is too) and its recomputations fill the runtime budget's slack, the interval relaxation
+    restricted to those recomputations looks for a start (15% of the limit, at most 8 s); it proves nothing."""
+    options, cover, time_limit_s = search.options, search.cover, search.time_limit_s
+    near_cover = "eviction cover" in search.quick and relative_gap(search.quick["eviction cover"], search.lower_bound) <= INTERVAL_MIN_START_GAP
+    if (
+        near_cover and cover is not None and cover.recompute is not None and cover_fills_slack(search.costs, options, cover.recompute)
+        and not options.compression and options.remat and not options.charge_pagein and time_limit_s >= PRIMAL_MIN_TIME_LIMIT_S and not search.proven()
+    ):
+        search.cover_restricted(max(0.1, min(PRIMAL_SHARE * time_limit_s, PRIMAL_MAX_S, search.left_s())), max_columns=CPSAT_MAX_COLUMNS)
+
+
+def _near_relaxation(search: SearchState, searching: bool, far_at_once: bool, again_s: float) -> None:
+    """Step 4, from a 5 s limit, unless the best start is far above the bound already (``far_at_once``, NOTE 11): the
+    interval relaxation from the best start (NOTE 13: half the limit, at most 16 s, less the second repair's share),
+    or the stage relaxation (NOTE 3: 40%) where the interval relaxation makes no schedules or there is no start."""
+    options, time_limit_s = search.options, search.time_limit_s
+    if not (searching and time_limit_s >= RELAXATION_MIN_TIME_LIMIT_S and not far_at_once and not search.proven()):
+        return
+    remaining = search.left_s()
+    if options.remat and not options.charge_pagein and search.start_sim is not None:
+        search.from_best_start(max(0.1, min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, remaining - again_s)))  # (the second repair keeps its share)
+    else:
+        search.stage_relaxation(max(0.1, min(RELAXATION_SHARE * time_limit_s, remaining)))
+
+
+def _far_relaxation(search: SearchState, searching: bool, far: bool, far_at_once: bool, again_s: float) -> None:
+    """Step 5, from a 5 s limit, where the best start is more than 5% above the bound (``far``): the interval relaxation
+    (NOTE 5) at the budget and at the budget less a margin, whose schedules pay where the starts are far from a segment
+    rebuild. At once (``far_at_once``) it takes the skipped step 4's share: half the limit, at most 30 s, less the second
+    repair's share; after step 4, 40% (at most 30 s)."""
+    time_limit_s = search.time_limit_s
+    if not (searching and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and far and not search.proven()):
+        return
+    remaining = search.left_s()
+    if far_at_once:  # (the stage relaxation was skipped: its share, less what the second repair needs)
+        share = min(INTERVAL_FAR_SHARE * time_limit_s, INTERVAL_MAX_S, remaining - again_s)
+        log.info("the best start is %.1f%% above the bound: the interval relaxation first, for %.1f s (the stage relaxation skipped)", 100 * search.start_gap(), share)
+    else:
+        share = min(INTERVAL_SHARE * time_limit_s, INTERVAL_MAX_S, remaining)
+    search.interval_relaxation(max(0.1, share))
+
+
+def _cpsat_phase(search: SearchState, searching: bool) -> None:
+    """Step 5's CP-SAT (NOTE 14), from a 30 s limit, where the relaxations raised the bound more than the gap above the
+    eviction bound and the best start is within 5% of it, uncertified: the interval relaxation with all its rows from
+    that start, for what is left less the second repair's least 2 s, stopped once its bound certifies the start."""
+    options, time_limit_s = search.options, search.time_limit_s
+    near = search.start_sim is not None and search.start_gap() <= INTERVAL_MIN_START_GAP  # (far: the repair's and the windows' turn)
+    if not (
+        searching and options.remat and not options.charge_pagein and near and time_limit_s >= CPSAT_MIN_TIME_LIMIT_S
+        and search.lower_bound > search.evicted_j * (1 + search.mip_gap) and not search.proven()
+    ):
+        return
+    available, why = cpsat_available()
+    share = search.left_s() - REPAIR_AGAIN_MIN_S
+    if not available:
+        log.info("%s; CP-SAT skipped", why)
+    elif share >= 1.0:
+        log.info("CP-SAT on the interval relaxation from the best start for %.1f s (%s; the best start %.3f%% above the bound)", share, why, 100 * search.start_gap())
+        search.cpsat(share, max_columns=CPSAT_MAX_COLUMNS)
+
+
+def _second_repair(search: SearchState, searching: bool, again_s: float) -> None:
+    """The second repair (NOTE 9), from a 5 s limit, for ``again_s`` (20% of the limit, 2-12 s, at most half): the
+    relaxations' schedules over a budget made to fit, and every fitting start made cheaper, with the ejection chains."""
+    if searching and search.time_limit_s >= REPAIR_AGAIN_MIN_TIME_LIMIT_S and not search.proven():
+        search.repair(search.rejected[search.repaired_before:] + [schedule for schedule, _ in search.fitting], again_s, chains=True)
+
+
+def _near_after_far(search: SearchState, searching: bool, far: bool) -> None:
+    """NOTE 15: where the far path's schedules, repaired, brought the best start within 5% of the bound (uncertified),
+    step 4's relaxation from it, for half the limit (at most 16 s, at most what is left less 1 s); skipped under 2 s or
+    where step 5 found a solution below the bound (it could prove nothing). It stops once it has a solution below the
+    bound; its schedule, over a budget, is repaired where it is not below the bound."""
+    options, time_limit_s = search.options, search.time_limit_s
+    if not (
+        searching and far and options.remat and not options.charge_pagein and time_limit_s >= INTERVAL_MIN_TIME_LIMIT_S and not search.proven()
+        and search.start_gap() <= INTERVAL_MIN_START_GAP
+    ):
+        return
+    share = min(NEAR_INTERVAL_SHARE * time_limit_s, NEAR_INTERVAL_MAX_S, search.left_s() - REPAIR_MIN_S)
+    if share < NEAR_AFTER_FAR_MIN_S or (search.relaxed_j is not None and search.relaxed_j < search.lower_bound):
+        log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it skipped (%s)", 100 * search.start_gap(), f"{share + REPAIR_MIN_S:.1f} s left" if share < NEAR_AFTER_FAR_MIN_S else "it has a solution below the bound")
+        return
+    log.info("the best start is %.2f%% above the bound after the far path: the interval relaxation from it, for %.1f s", 100 * search.start_gap(), share)
+    unrepaired, floor_j = len(search.rejected), search.lower_bound
+    incumbent_j = search.from_best_start(share, floor_j=floor_j)
+    if search.rejected[unrepaired:] and not search.proven() and incumbent_j is not None and incumbent_j >= floor_j:  # its schedule, over a budget (one below the bound cannot fit)
+        search.repair(search.rejected[unrepaired:], REPAIR_AGAIN_MAX_S, chains=True)
+
+
+def _window_search(search: SearchState, searching: bool) -> MilpModel | None:
+    """Step 6 (NOTE 4), from a 5 s limit, on a MILP of 10,000 columns or more: POET's MILP re-solved a few tensors at a
+    time from the starts that are its solutions, for up to 60% of the limit, stopped once a schedule certifies. Returns
+    the MILP where it was built (POET's MILP reuses it)."""
+    time_limit_s = search.time_limit_s
     model = None
-    if bound == "eviction" and not compression and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not proven():
-        model = build_milp(graph, costs, options)
+    if searching and time_limit_s >= NEIGHBOURHOOD_MIN_TIME_LIMIT_S and not search.proven():
+        model = build_milp(search.graph, search.costs, search.options)
     if model is not None and model.n_cols >= NEIGHBOURHOOD_MIN_COLUMNS:
-        remaining = started + time_limit_s - time.perf_counter()
-        seeds = milp_seeds(graph, model, fitting, replay, charge_pagein)
+        remaining = search.left_s()
+        seeds = milp_seeds(search.graph, model, search.fitting, search.replay, search.options.charge_pagein)
         if not seeds:
             log.info("window search skipped: no start is a solution of POET's MILP")
         elif remaining > 1.0:
-            found = improve(graph, model, seeds, replay, time_limit_s=min(NEIGHBOURHOOD_SHARE * time_limit_s, remaining), target_j=lower_bound / (1 - mip_gap), prefetch=charge_pagein)
-            start, start_sim = better((start, start_sim), "window search", found[0], replay)
-
-    if compression and not proven():
-        plain = solve(
-            graph, costs, ram_budget_bytes, runtime_budget_factor, paging=paging, remat=remat, count_paging_time=count_paging_time,
-            charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver, time_limit_s=time_limit_s / 2,
-            mip_gap=mip_gap, threads=threads, verbose=verbose, staged=staged, starts=starts, bound=bound, exclude_starts=exclude_starts,
-        )
-        log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
-        if plain.simulation is not None and (start_sim is None or plain.energy_j < start_sim.energy_j):
-            start, start_sim = plain.schedule, plain.simulation
-        try:  # BitTrain's policy (every step computed once, every allowed output compressed while idle)
-            bittrain_sim = replay(bittrain := compress_all_schedule(graph, costs.compression))
-        except InvalidScheduleError:
-            bittrain_sim = None
-        if bittrain_sim is not None and (start_sim is None or bittrain_sim.energy_j < start_sim.energy_j):
-            log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
-            start, start_sim = bittrain, bittrain_sim
-    elif staged and paging and remat and time_limit_s >= STAGED_MIN_TIME_LIMIT_S and not proven():
-        for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
-            # a quarter of the limit each, less where the relaxation and the window search took theirs
-            share = min(time_limit_s / 4, (started + time_limit_s - time.perf_counter()) / 3)
-            if proven() or share < 1.0:
-                break
-            restricted = solve(
-                graph, costs, ram_budget_bytes, runtime_budget_factor, count_paging_time=count_paging_time, exclude_starts=exclude_starts,
-                charge_pagein=charge_pagein, params_in_budget=params_in_budget, solver=solver,
-                time_limit_s=share, mip_gap=mip_gap, threads=threads, verbose=verbose, bound=bound, **flags,
+            found = improve(
+                search.graph, model, seeds, search.replay, time_limit_s=min(NEIGHBOURHOOD_SHARE * time_limit_s, remaining),
+                target_j=search.lower_bound / (1 - search.mip_gap), prefetch=search.options.charge_pagein,
             )
-            found = f"{restricted.energy_j:.10g} J" if restricted.energy_j is not None else "no schedule"
-            log.info("staged: %s gives %s (%s)", label, found, restricted.status)
-            if restricted.simulation is not None and (start_sim is None or restricted.energy_j < start_sim.energy_j):
-                start, start_sim = restricted.schedule, restricted.simulation
-    if proven():
-        message = f"the best start meets the lower bound within the gap {mip_gap:g}: optimal without a MILP solve"
-        log.info(message)
-        return result("optimal", "bound", message, start, start_sim, objective=start_sim.energy_j, bound=lower_bound, gap=relative_gap(start_sim.energy_j, lower_bound))
-    left_s = time_limit_s - (time.perf_counter() - started)
-    if start is not None and left_s < MILP_MIN_LEFT_S and graph.n_nodes**2 >= NEIGHBOURHOOD_MIN_COLUMNS:
-        gap = relative_gap(start_sim.energy_j, lower_bound)
-        message = f"time limit of {time_limit_s:g} s reached before POET's MILP ({max(left_s, 0.0):.1f} s left, too little on {graph.n_nodes} nodes); returning the best start, gap {gap:.3%}"
-        log.info(message)
-        return result("time_limit", "bound", message, start, start_sim, objective=None, bound=lower_bound, gap=gap)
-    model = model or build_milp(graph, costs, options)
-    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
-    if start is not None and not compression and not fits_milp(model, start):  # (DTR's frees, one stage late for the MILP)
-        seeds = milp_seeds(graph, model, [(start, start_sim)], replay, charge_pagein)
-        if seeds and seeds[0][1].energy_j <= start_sim.energy_j:
-            start, start_sim = seeds[0]
-    remaining_s = max(time_limit_s - (time.perf_counter() - started), min(1.0, time_limit_s / 4))  # the starts count against the limit
-    answer = run_milp(
-        model, solver=solver, time_limit_s=remaining_s, mip_gap=mip_gap, threads=threads, verbose=verbose,
-        start=None if start is None else model.encode(start.matrices().as_dict()), lower_bound=lower_bound,
-    )
-    best_bound = max(answer.bound, lower_bound) if answer.bound is not None else lower_bound
+            search.take("window search", found[0], collect=False, reject=False)
+    return model
 
-    def start_result() -> SolveResult:
-        log.info("the solver found nothing better than the start within its time limit; returning that")
-        gap = relative_gap(start_sim.energy_j, best_bound)
-        if gap <= mip_gap:
-            return result("optimal", answer.solver, f"the start schedule is optimal within a relative gap of {mip_gap:g}", start, start_sim, objective=start_sim.energy_j, bound=best_bound, gap=gap)
-        message = f"time limit of {time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
-        return result("time_limit", answer.solver, message, start, start_sim, objective=None, bound=best_bound, gap=gap)
 
-    if answer.x is None and start is not None and answer.status != "infeasible":
-        return start_result()
-    if answer.x is None:
-        if answer.status == "infeasible":
-            runtime = "" if runtime_budget_factor is None else f" within {runtime_budget_factor:g}x the plain-step runtime"
-            forbidden = " or ".join(word for word, allowed in (("recomputation", remat), ("paging", paging)) if not allowed)
-            message = (
-                f"no schedule fits {int(ram_budget_bytes):,} bytes{runtime}{f' without {forbidden}' if forbidden else ''} "
-                f"(the smallest single-node footprint is {footprint:,} bytes); raise the memory or runtime budget"
-            )
-        else:
-            message = f"no schedule found within the {time_limit_s:g} s time limit; raise --time-limit"
-        return result(answer.status, answer.solver, message, bound=best_bound)
-    matrices = model.decode(answer.x)
-    schedule = Schedule.from_matrices(graph, prefetch=charge_pagein, **matrices)
+def _compression_starts(search: SearchState, plain: SolveResult) -> None:
+    """With compression: POET without it (``plain``, half the limit) and BitTrain's policy (every step computed once,
+    every allowed output compressed while idle) start the larger problem, so its answer is never worse than either."""
+    log.info("staged: POET without compression gives %s (%s)", plain.energy_j, plain.status)
+    search.keep(plain.schedule, plain.simulation)
     try:
-        sim = replay(schedule)
+        bittrain_sim = search.replay(bittrain := compress_all_schedule(search.graph, search.costs.compression))
+    except InvalidScheduleError:
+        bittrain_sim = None
+    if search.keep(bittrain, bittrain_sim):
+        log.info("compress-all start: %.10g J", bittrain_sim.energy_j)
+
+
+def _staged_starts(search: SearchState, resolve: Callable[..., SolveResult]) -> None:
+    """Step 7's restrictions (``staged``, from a 10 s limit): remat only, then paging only, a quarter of the limit each
+    (less where steps 4-6 left less than three quarters; skipped under 1 s or once a start certifies); the cheaper
+    schedule starts POET's MILP, which is then never worse than either restriction."""
+    for label, flags in (("remat only", {"paging": False}), ("paging only", {"remat": False})):
+        share = min(search.time_limit_s / 4, search.left_s() / 3)
+        if search.proven() or share < 1.0:
+            break
+        restricted = resolve(time_limit_s=share, **flags)
+        found = f"{restricted.energy_j:.10g} J" if restricted.energy_j is not None else "no schedule"
+        log.info("staged: %s gives %s (%s)", label, found, restricted.status)
+        search.keep(restricted.schedule, restricted.simulation)
+
+
+def _without_milp(search: SearchState) -> SolveResult | None:
+    """The answer without POET's MILP: the best start where it certifies, or where too little time is left for the MILP
+    on a graph of 100 nodes or more (``MILP_MIN_LEFT_S``: HiGHS could not read and presolve it in time)."""
+    if search.proven():
+        message = f"the best start meets the lower bound within the gap {search.mip_gap:g}: optimal without a MILP solve"
+        log.info(message)
+        return _result(search, "optimal", "bound", message, search.start, search.start_sim, objective=search.start_sim.energy_j, bound=search.lower_bound, gap=search.start_gap())
+    left_s = search.time_limit_s - (time.perf_counter() - search.started)
+    if search.start is not None and left_s < MILP_MIN_LEFT_S and search.graph.n_nodes**2 >= NEIGHBOURHOOD_MIN_COLUMNS:
+        gap = search.start_gap()
+        message = f"time limit of {search.time_limit_s:g} s reached before POET's MILP ({max(left_s, 0.0):.1f} s left, too little on {search.graph.n_nodes} nodes); returning the best start, gap {gap:.3%}"
+        log.info(message)
+        return _result(search, "time_limit", "bound", message, search.start, search.start_sim, objective=None, bound=search.lower_bound, gap=gap)
+    return None
+
+
+def _final_milp(search: SearchState, model: MilpModel | None, footprint: int, solver: str, threads: int | None, verbose: bool) -> SolveResult:
+    """Step 7's end: POET's MILP for what is left of the limit (at least min(1 s, a quarter)), from the best start in its
+    MILP form (DTR's frees come one stage late for the MILP, NOTE 4), with the lower bound given to stop at a certificate."""
+    graph, options, time_limit_s = search.graph, search.options, search.time_limit_s
+    model = model or build_milp(graph, search.costs, options)
+    log.info("POET MILP: %d variables, %d constraints, %d nonzeros", model.n_cols, model.n_rows, model.A.nnz)
+    if search.start is not None and not options.compression and not fits_milp(model, search.start):
+        seeds = milp_seeds(graph, model, [(search.start, search.start_sim)], search.replay, options.charge_pagein)
+        if seeds and seeds[0][1].energy_j <= search.start_sim.energy_j:
+            search.start, search.start_sim = seeds[0]
+    remaining_s = max(time_limit_s - (time.perf_counter() - search.started), min(1.0, time_limit_s / 4))  # the starts count against the limit
+    answer = run_milp(
+        model, solver=solver, time_limit_s=remaining_s, mip_gap=search.mip_gap, threads=threads, verbose=verbose,
+        start=None if search.start is None else model.encode(search.start.matrices().as_dict()), lower_bound=search.lower_bound,
+    )
+    best_bound = max(answer.bound, search.lower_bound) if answer.bound is not None else search.lower_bound
+    if answer.x is None and search.start is not None and answer.status != "infeasible":
+        return _start_result(search, answer, best_bound)
+    if answer.x is None:
+        return _no_schedule(search, answer, best_bound, footprint)
+    schedule = Schedule.from_matrices(graph, prefetch=options.charge_pagein, **model.decode(answer.x))
+    try:
+        sim = search.replay(schedule)
     except InvalidScheduleError as exc:
         raise PoetlabError(f"the {answer.solver} solution does not replay ({exc}); this is a poetlab bug, please report it") from exc
-    if answer.status != "optimal" and start_sim is not None and sim.energy_j > start_sim.energy_j:
-        return start_result()  # the solver did not keep the start (one it could not encode) as its incumbent
+    if answer.status != "optimal" and search.start_sim is not None and sim.energy_j > search.start_sim.energy_j:
+        return _start_result(search, answer, best_bound)  # the solver did not keep the start (one it could not encode) as its incumbent
     if answer.objective is not None and not math.isclose(sim.energy_j, answer.objective, rel_tol=1e-6):
         log.warning("solver objective %.10g J and simulated energy %.10g J differ", answer.objective, sim.energy_j)
     gap = relative_gap(sim.energy_j, best_bound)
-    status = "optimal" if gap is not None and gap <= mip_gap else answer.status
+    status = "optimal" if gap is not None and gap <= search.mip_gap else answer.status
     message = {
-        "optimal": f"optimal within a relative gap of {mip_gap:g}",
+        "optimal": f"optimal within a relative gap of {search.mip_gap:g}",
         "feasible": "feasible; the solver stopped before proving optimality",
         "time_limit": f"time limit of {time_limit_s:g} s reached; best schedule found, gap {gap:.3%}" if gap is not None else "time limit reached",
     }.get(status, status)
-    return result(status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
+    return _result(search, status, answer.solver, message, schedule, sim, objective=answer.objective, bound=best_bound, gap=gap)
+
+
+def _start_result(search: SearchState, answer: MilpSolution, best_bound: float) -> SolveResult:
+    """The best start as the answer, where the MILP found nothing better: optimal where it is within the gap of the bound."""
+    log.info("the solver found nothing better than the start within its time limit; returning that")
+    gap = relative_gap(search.start_sim.energy_j, best_bound)
+    if gap <= search.mip_gap:
+        return _result(search, "optimal", answer.solver, f"the start schedule is optimal within a relative gap of {search.mip_gap:g}", search.start, search.start_sim, objective=search.start_sim.energy_j, bound=best_bound, gap=gap)
+    message = f"time limit of {search.time_limit_s:g} s reached; returning the start schedule, gap {gap:.3%}"
+    return _result(search, "time_limit", answer.solver, message, search.start, search.start_sim, objective=None, bound=best_bound, gap=gap)
+
+
+def _no_schedule(search: SearchState, answer: MilpSolution, best_bound: float, footprint: int) -> SolveResult:
+    """The MILP's answer without a schedule (and no start): infeasible, with what to raise, or out of time."""
+    options = search.options
+    if answer.status == "infeasible":
+        factor = options.runtime_budget_factor
+        runtime = "" if factor is None else f" within {factor:g}x the plain-step runtime"
+        forbidden = " or ".join(word for word, allowed in (("recomputation", options.remat), ("paging", options.paging)) if not allowed)
+        message = (
+            f"no schedule fits {int(search.ram_budget_bytes):,} bytes{runtime}{f' without {forbidden}' if forbidden else ''} "
+            f"(the smallest single-node footprint is {footprint:,} bytes); raise the memory or runtime budget"
+        )
+    else:
+        message = f"no schedule found within the {search.time_limit_s:g} s time limit; raise --time-limit"
+    return _result(search, answer.status, answer.solver, message, bound=best_bound)

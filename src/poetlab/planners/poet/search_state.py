@@ -1,0 +1,200 @@
+"""What one :func:`poetlab.planners.poet.solver.solve` carries from phase to phase (docs/solve.md, the solve flow).
+
+Each phase before POET's MILP reads the same few things and may change two of them: the best start (the cheapest
+schedule that replays within the budgets so far, with its simulation) and the proven lower bound. A phase ends the
+search early where the best start is within the gap of the bound (:meth:`SearchState.proven`), and takes its time
+from one clock (:meth:`SearchState.left_s`), so the state is one object rather than variables shared by closures:
+a phase is then a plain function of it, whose gate and time share can be read on their own.
+
+The solver (:mod:`poetlab.planners.poet.solver`) decides which phase runs and for how long: its gates and time
+shares, with their constants, are the solve flow. This module holds what a phase does to the state once it runs:
+replaying a schedule within the budgets, keeping the cheaper of the best start and a new schedule, the eviction
+bound and the quick starts, repairing a batch of schedules (:mod:`poetlab.planners.poet.repair`), and each
+relaxation's bound and schedules joining the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
+from poetlab.planners.poet.backends import relative_gap
+from poetlab.planners.poet.bounds import EvictionCover, eviction_cover
+from poetlab.planners.poet.cpsat import interval_bound_cpsat
+from poetlab.planners.poet.intervals import interval_bound, interval_start
+from poetlab.planners.poet.milp import MilpOptions
+from poetlab.planners.poet.primal import cover_restricted
+from poetlab.planners.poet.relaxation import stage_relaxation
+from poetlab.planners.poet.repair import Budgets as RepairBudgets, repair_all
+from poetlab.planners.poet.starts import best_start, better
+
+log = logging.getLogger("poetlab.poet_solver")  # (the solver's logger: these are steps of its log)
+
+
+@dataclass
+class SearchState:
+    """One solve's problem (fixed) and its search so far (changed by the phases).
+
+    ``ram_budget_bytes`` is the budget as the caller gave it (the simulator's check); ``fixed_bytes`` what is
+    kept free beside the tensors; ``started`` the ``time.perf_counter()`` the time limit counts from.
+    ``lower_bound`` is the best proven bound (J), ``evicted_j`` the eviction bound alone (CP-SAT runs only
+    where a relaxation raised the bound above it). ``fitting`` holds every schedule that replayed within the
+    budgets, ``rejected`` every one that did not (the repairs' input; ``repaired_before``: how many of them the
+    first repair saw), ``quick`` each quick start's least energy by name. ``relaxed_j`` is the far path's
+    interval relaxation's optimum where it found one (NOTE 15).
+    """
+
+    graph: TrainingGraph
+    costs: CostModel
+    options: MilpOptions
+    ram_budget_bytes: float
+    runtime_budget_s: float | None
+    fixed_bytes: int
+    time_limit_s: float
+    mip_gap: float
+    started: float
+    lower_bound: float
+    evicted_j: float = 0.0
+    cover: EvictionCover | None = None
+    start: Schedule | None = None
+    start_sim: SimulationResult | None = None
+    fitting: list[tuple[Schedule, SimulationResult]] = field(default_factory=list)
+    rejected: list[Schedule] = field(default_factory=list)
+    quick: dict[str, float] = field(default_factory=dict)
+    repaired_before: int = 0
+    relaxed_j: float | None = None
+
+    @property
+    def repair_budgets(self) -> RepairBudgets:
+        """The budgets in the repair's terms."""
+        options = self.options
+        return RepairBudgets(
+            float(self.ram_budget_bytes), self.runtime_budget_s, self.fixed_bytes, options.count_paging_time,
+            options.charge_pagein, options.paging, options.remat,
+        )
+
+    def replay(self, schedule: Schedule) -> SimulationResult:
+        """The simulator's replay of ``schedule`` within the budgets (raises ``InvalidScheduleError`` over one)."""
+        return simulate(
+            schedule, self.graph, self.costs, ram_budget_bytes=self.ram_budget_bytes, runtime_budget_s=self.runtime_budget_s,
+            count_paging_time=self.options.count_paging_time, fixed_bytes=self.fixed_bytes,
+        )
+
+    def left_s(self) -> float:
+        """Seconds left of the time limit (negative past it); one clock read."""
+        return self.started + self.time_limit_s - time.perf_counter()
+
+    def start_gap(self) -> float:
+        """The best start's relative gap to the lower bound (there must be a best start)."""
+        return relative_gap(self.start_sim.energy_j, self.lower_bound)
+
+    def proven(self) -> bool:
+        """Whether the best start is within the gap of the lower bound: nothing left to solve."""
+        return self.start_sim is not None and relative_gap(self.start_sim.energy_j, self.lower_bound) <= self.mip_gap
+
+    def certifying_j(self) -> float:
+        """The bound at which the best start is within the gap: a relaxation's target."""
+        return self.start_sim.energy_j * (1 - self.mip_gap) * (1 + 1e-9)
+
+    def keep(self, schedule: Schedule | None, sim: SimulationResult | None) -> bool:
+        """Keep an already replayed ``schedule`` as the best start if it is cheaper; whether it was."""
+        if sim is not None and (self.start_sim is None or sim.energy_j < self.start_sim.energy_j):
+            self.start, self.start_sim = schedule, sim
+            return True
+        return False
+
+    def take(self, name: str, schedule: Schedule | None, collect: bool = True, reject: bool = True) -> None:
+        """Replay ``schedule`` (logged as ``name``) and keep it as the best start if it fits and is cheaper; it joins
+        ``fitting`` (``collect``) or ``rejected`` (``reject``) for the repairs and the window search."""
+        self.start, self.start_sim = better(
+            (self.start, self.start_sim), name, schedule, self.replay,
+            collect=self.fitting if collect else None, rejected=self.rejected if reject else None,
+        )
+
+    def repair(self, schedules: list[Schedule], share_s: float, chains: bool) -> None:
+        """Repair ``schedules`` (:func:`~poetlab.planners.poet.repair.repair_all`) for ``share_s`` at most (never past
+        the time limit); each result is replayed and kept where it is cheaper than the best start."""
+        best = (self.start, self.start_sim)
+        for schedule in repair_all(self.graph, self.costs, schedules, self.repair_budgets, time_limit_s=min(share_s, self.left_s()), chains=chains):
+            best = better(best, "repaired", schedule, self.replay, collect=self.fitting)
+        self.start, self.start_sim = best
+
+    def from_best_start(self, share_s: float, floor_j: float | None = None) -> float | None:
+        """NOTE 13's interval relaxation from the best start for ``share_s`` (stopped once its bound certifies the
+        start, or with ``floor_j`` once it has a solution below that: NOTE 15). Its bound joins the lower bound and
+        its schedule the starts; returns its incumbent in J (None without one)."""
+        warm = interval_bound(
+            self.graph, self.costs, self.options, time_limit_s=share_s, mip_gap=self.mip_gap / 2, kept_rows=False,
+            start=self.start, target_j=self.certifying_j(), floor_j=floor_j,
+        )
+        plain_j = self.costs.plain_step_energy_j
+        self.lower_bound = max(self.lower_bound, warm.bound_j)
+        log.info(
+            "lower bound after the interval relaxation from the best start: %.10g J (%.6f x one plain step, %s, %.1f s)",
+            self.lower_bound, self.lower_bound / plain_j, "optimal" if warm.optimal else "stopped", warm.seconds,
+        )
+        self.take("interval relaxation from the best start", warm.schedule)
+        return None if warm.incumbent is None else warm.incumbent * plain_j
+
+    def begin(self, bound: str, starts: Sequence[Schedule], exclude_starts: Sequence[str]) -> None:
+        """The eviction bound (``bound="eviction"``: at most min(10 s, 10% of the limit), NOTE 2), then the quick starts
+        (:func:`~poetlab.planners.poet.starts.best_start`, the bound's covers for min(2 s, 5%)) and the caller's
+        ``starts``, replayed: the best that fits is the start every later phase improves on."""
+        graph, costs, options, time_limit_s = self.graph, self.costs, self.options, self.time_limit_s
+        if bound == "eviction":
+            self.cover = eviction_cover(graph, costs, options, time_limit_s=min(10.0, 0.1 * time_limit_s))
+            self.lower_bound = max(self.lower_bound, self.cover.bound_j)
+        self.evicted_j = self.lower_bound
+        log.info("lower bound: %.10g J (%.6f x one plain step)", self.lower_bound, self.lower_bound / costs.plain_step_energy_j)
+        self.start, self.start_sim = best_start(
+            graph, costs, options, self.runtime_budget_s, self.replay, covers_s=min(2.0, 0.05 * time_limit_s) if bound == "eviction" else 0.0,
+            deadline=self.started + time_limit_s, exclude=exclude_starts, collect=self.fitting, rejected=self.rejected, energies=self.quick,
+        )
+        for given in starts:
+            try:
+                given_sim = self.replay(given)
+            except InvalidScheduleError as exc:
+                log.info("a given start does not fit the budgets (%s); ignoring it", exc.reason)
+                continue
+            self.fitting.append((given, given_sim))
+            self.keep(given, given_sim)
+
+    def cover_restricted(self, share_s: float, max_columns: int) -> None:
+        """The interval relaxation restricted to the eviction cover's recomputations (NOTE 18) for ``share_s``, stopped
+        once its solution certifies: its schedule joins the starts (it proves nothing)."""
+        found = cover_restricted(
+            self.graph, self.costs, self.options, self.cover.recompute, time_limit_s=share_s, floor_j=self.lower_bound / (1 - self.mip_gap),
+            mip_gap=self.mip_gap / 2, max_columns=max_columns,
+        )
+        self.take("cover-restricted relaxation", found.schedule)
+
+    def stage_relaxation(self, share_s: float) -> None:
+        """The stage relaxation (NOTE 3) from the best start for ``share_s``: its bound and its schedule join the state."""
+        relaxed = stage_relaxation(self.graph, self.costs, self.options, time_limit_s=share_s, mip_gap=self.mip_gap / 2, start=self.start)
+        self.lower_bound = max(self.lower_bound, relaxed.bound_j)
+        self.take("stage relaxation", relaxed.schedule)
+        log.info("lower bound after the stage relaxation: %.10g J (%.6f x one plain step)", self.lower_bound, self.lower_bound / self.costs.plain_step_energy_j)
+
+    def interval_relaxation(self, share_s: float) -> None:
+        """The interval relaxation (NOTE 5) for ``share_s``: its bound joins the state, its schedules (at the budget and
+        at the budget less a margin) the starts, its optimum (where it found one) is ``relaxed_j``."""
+        interval_j, schedules, self.relaxed_j = interval_start(self.graph, self.costs, self.options, time_limit_s=share_s)
+        self.lower_bound = max(self.lower_bound, interval_j)
+        for schedule in schedules:
+            self.take("interval relaxation", schedule)
+        log.info("lower bound after the interval relaxation: %.10g J (%.6f x one plain step)", self.lower_bound, self.lower_bound / self.costs.plain_step_energy_j)
+
+    def cpsat(self, share_s: float, max_columns: int) -> None:
+        """CP-SAT on the interval relaxation with all its rows from the best start (NOTE 14) for ``share_s``, stopped once
+        its bound certifies the start: its bound and its schedule join the state."""
+        found = interval_bound_cpsat(
+            self.graph, self.costs, self.options, time_limit_s=share_s, mip_gap=self.mip_gap / 2, start=self.start, target_j=self.certifying_j(),
+            max_columns=max_columns,
+        )
+        self.lower_bound = max(self.lower_bound, found.bound_j)
+        self.take("CP-SAT", found.schedule)

@@ -1,0 +1,97 @@
+"""The state a solve carries between its phases, on real instances: the best start only ever gets cheaper and always
+replays within the budgets, the bound only rises and stays below POET's optimum, and ``proven`` says exactly when the
+best start is within the gap of the bound."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule
+from poetlab.planners.poet.backends import relative_gap, run_milp
+from poetlab.planners.poet.milp import build_milp
+from poetlab.planners.poet.search_state import SearchState
+
+from small_graphs import convnet
+from solve_checks import grid_instance
+
+
+def _state(model, platform, fraction, factor, mip_gap=1e-4, time_limit_s=30.0):
+    graph, costs, options, replay, budgets = grid_instance(model, platform, fraction, factor)
+    state = SearchState(
+        graph, costs, options, budgets.ram_bytes, budgets.runtime_s, budgets.fixed_bytes, time_limit_s, mip_gap,
+        time.perf_counter(), lower_bound=costs.plain_step_energy_j,
+    )
+    return state, replay
+
+
+def _optimum(state) -> float:
+    exact = run_milp(build_milp(state.graph, state.costs, state.options), solver="highs", mip_gap=1e-7, threads=1, time_limit_s=60)
+    assert exact.status == "optimal"
+    return exact.objective
+
+
+@pytest.mark.parametrize("bound", ["eviction", "trivial"])
+def test_begin_keeps_the_cheapest_fitting_start_and_a_bound_below_the_optimum(bound):
+    """After the eviction bound and the quick starts: the best start is the cheapest schedule that replayed within the
+    budgets, every schedule is either fitting or rejected, and the bound (the trivial one without ``eviction``) is
+    below POET's optimum and is what CP-SAT's gate compares with (``evicted_j``)."""
+    state, replay = _state(convnet(), "m4", 0.2, 1.05)
+    state.begin(bound, starts=(), exclude_starts=())
+    assert state.fitting and state.start_sim is not None
+    assert state.start_sim.energy_j == min(sim.energy_j for _, sim in state.fitting)
+    assert replay(state.start).energy_j == pytest.approx(state.start_sim.energy_j)
+    for schedule in state.rejected:
+        with pytest.raises(InvalidScheduleError):
+            replay(schedule)
+    assert state.evicted_j == state.lower_bound <= _optimum(state) * (1 + 1e-9)
+    if bound == "trivial":
+        assert state.lower_bound == state.costs.plain_step_energy_j and state.cover is None
+    else:
+        assert state.lower_bound > state.costs.plain_step_energy_j and state.cover is not None
+
+
+def test_a_given_start_over_a_budget_is_ignored_and_one_that_fits_competes():
+    """The caller's starts: checkpoint-all (over the RAM budget here) is left out of every collection; the best start
+    given back as a start changes nothing but joins the fitting ones."""
+    state, _ = _state(convnet(), "m4", 0.2, 1.05)
+    state.begin("trivial", starts=(), exclude_starts=())
+    best, fitting = state.start_sim.energy_j, len(state.fitting)
+    again, _ = _state(convnet(), "m4", 0.2, 1.05)
+    again.begin("trivial", starts=(checkpoint_all_schedule(state.graph), state.start), exclude_starts=())
+    assert again.start_sim.energy_j == best and len(again.fitting) == fitting + 1
+    assert len(again.rejected) == len(state.rejected)
+
+
+def test_take_and_keep_never_make_the_best_start_dearer():
+    """A schedule over the RAM budget goes to ``rejected`` (for the repair) and leaves the best start; a dearer one that
+    fits joins ``fitting`` but is not kept; ``keep`` says whether it kept a replayed schedule."""
+    state, replay = _state(convnet(), "m4", 0.2, 1.05)
+    state.begin("eviction", starts=(), exclude_starts=())
+    best = state.start_sim.energy_j
+    rejected = len(state.rejected)
+    state.take("checkpoint-all", checkpoint_all_schedule(state.graph))
+    assert len(state.rejected) == rejected + 1 and state.start_sim.energy_j == best
+    dearest, dearest_sim = max(state.fitting, key=lambda pair: pair[1].energy_j)
+    assert not state.keep(dearest, dearest_sim) or dearest_sim.energy_j < best
+    assert state.start_sim.energy_j == best and not state.keep(None, None)
+
+
+def test_the_repair_and_the_relaxation_from_the_best_start_only_improve_the_state():
+    """The first repair's input (the rejected starts) and then NOTE 13's relaxation from the best start: the best start
+    never gets dearer and still replays, the bound never falls and stays below the optimum; ``proven`` holds exactly
+    where the best start is within the gap of the bound, and the certifying bound is one at which it is."""
+    state, replay = _state(convnet(), "m4", 0.2, 1.05, mip_gap=1e-3)
+    state.begin("eviction", starts=(), exclude_starts=())
+    best, bound = state.start_sim.energy_j, state.lower_bound
+    state.repair(list(state.rejected), 5.0, chains=False)
+    assert state.start_sim.energy_j <= best
+    best = state.start_sim.energy_j
+    state.from_best_start(10.0)
+    assert state.start_sim.energy_j <= best and state.lower_bound >= bound
+    assert replay(state.start).energy_j == pytest.approx(state.start_sim.energy_j)
+    assert state.lower_bound <= _optimum(state) * (1 + 1e-6) <= state.start_sim.energy_j * (1 + 1e-6)
+    assert state.proven() == (relative_gap(state.start_sim.energy_j, state.lower_bound) <= state.mip_gap)
+    assert relative_gap(state.start_sim.energy_j, state.certifying_j()) <= state.mip_gap
+    assert 0 < state.left_s() <= state.time_limit_s
