@@ -43,11 +43,12 @@ backends now see the objective in units of one plain step, :func:`poetlab.planne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from poetlab.core.costs import CostModel
+from poetlab.core.costs import CompressionCosts, CostModel
 from poetlab.errors import InvalidArgumentError
 from poetlab.core.graph import TrainingGraph
 from poetlab.planners.poet.rows import SparseRows
@@ -256,15 +257,40 @@ def _at_least_each(cols: _Columns, rows: SparseRows, T: int, moves_of: dict[int,
     return index
 
 
-def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> MilpModel:
-    """The POET MILP of ``graph`` with ``costs`` under ``options``."""
+@dataclass(frozen=True)
+class _Variables:
+    """The MILP's T x T variable families as arrays of column indices (-1 where the variable is fixed to zero),
+    with the sizes and masks they were made from: what every row family reads, so that each family is built
+    by a function of a few arguments."""
+
+    T: int
+    b: np.ndarray  # each node's output bytes
+    compressed: np.ndarray  # each node's compressed bytes (zero without compression)
+    edges: np.ndarray  # distinct (producer, consumer), E x 2
+    src: np.ndarray  # edges[:, 0]
+    dst: np.ndarray  # edges[:, 1]
+    lower_incl: np.ndarray  # (t, i) with i <= t
+    strict: np.ndarray  # (t, i) with i < t
+    compressible: np.ndarray  # (t, i) where S_CMP and M_CMP exist
+    free_mask: np.ndarray  # (t, e) where FREE exists
+    R: np.ndarray
+    S_RAM: np.ndarray
+    S_SSD: np.ndarray
+    M_IN: np.ndarray
+    M_OUT: np.ndarray
+    U: np.ndarray
+    S_CMP: np.ndarray
+    M_CMP: np.ndarray
+    M_DCMP: np.ndarray
+    FREE: np.ndarray  # T x E
+
+
+def _add_columns(graph: TrainingGraph, costs: CostModel, options: MilpOptions, compression: CompressionCosts | None, budget: float, cols: _Columns) -> _Variables:
+    """The columns of the T x T families, only where a variable can be non-zero: nothing is computed, kept or
+    paged ahead of its stage, a pinned node is neither recomputed nor paged, FREE exists only where its consumer
+    can run; each with its bounds and its energy in the objective. (KEPT and MANAGED come with their rows, 6r
+    and 6w.)"""
     T = graph.n_nodes
-    b = graph.output_bytes.astype(float)
-    compression = costs.compression if options.compression else None
-    if options.compression and compression is None:
-        raise InvalidArgumentError("compression needs compression costs: build them with poetlab.techniques.compression.compression_costs")
-    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes  # (as poetlab.solve's)
-    budget = float(options.ram_budget_bytes) - fixed
     stage = np.arange(T)[:, None]
     node = np.arange(T)[None, :]
     lower_incl = node <= stage  # (t, i) with i <= t
@@ -272,7 +298,6 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     diagonal = node == stage
 
     movable = ~graph.pinned[None, :]  # pinned nodes (a traced graph's gradients) are neither recomputed nor paged
-    cols = _Columns()
     compute_energy = np.where(diagonal, costs.compute_energy_j[None, :], costs.recompute_energy_j[None, :])  # (off the diagonal: reruns)
     R = cols.add((lower_incl & movable) | diagonal if options.remat else diagonal, np.where(diagonal, 1.0, 0.0), 1.0, True, compute_energy)
     S_RAM = cols.add(strict, 0.0, 1.0, True)
@@ -286,67 +311,88 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
     S_CMP = cols.add(compressible, 0.0, 1.0, True)
     M_CMP = cols.add(compressible, 0.0, 1.0, True, compression.compress_energy_j[None, :] if compression is not None else 0.0)
     M_DCMP = cols.add(compressible & (stage < T - 1), 0.0, 1.0, True, compression.decompress_energy_j[None, :] if compression is not None else 0.0)
-    c = compression.compressed_bytes.astype(float) if compression is not None else np.zeros(T)
 
     edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)  # distinct (producer, consumer)
-    src, dst = edges[:, 0], edges[:, 1]
+    dst = edges[:, 1]
     # FREE[t, e] for edges e = (i, k) with k <= t, only where R[t, k] can be 1
     free_mask = (dst[None, :] <= stage) & (R[:, dst] >= 0)
     FREE = cols.add(free_mask, 0.0, 1.0, True)
+    compressed = compression.compressed_bytes.astype(float) if compression is not None else np.zeros(T)
+    return _Variables(
+        T=T, b=graph.output_bytes.astype(float), compressed=compressed, edges=edges, src=edges[:, 0], dst=dst,
+        lower_incl=lower_incl, strict=strict, compressible=compressible, free_mask=free_mask,
+        R=R, S_RAM=S_RAM, S_SSD=S_SSD, M_IN=M_IN, M_OUT=M_OUT, U=U, S_CMP=S_CMP, M_CMP=M_CMP, M_DCMP=M_DCMP, FREE=FREE,
+    )
 
-    rows = SparseRows()
+
+def _input_rows(v: _Variables, rows: SparseRows) -> None:
+    """(1) A node computed in stage t has its inputs in RAM: R[t, k] <= R[t, i] + S_RAM[t, i] for each edge
+    (i, k) with k <= t (an input is computed earlier in the stage or held from the stage before)."""
+    t_idx, e_idx = np.nonzero(v.dst[None, :] <= np.arange(v.T)[:, None])
+    i_of, k_of = v.src[e_idx], v.dst[e_idx]
+    ids = rows.new(t_idx.size, -np.inf, 0.0)
+    rows.terms(ids, v.R[t_idx, k_of], 1.0)
+    rows.terms(ids, v.R[t_idx, i_of], -1.0)
+    rows.terms(ids, v.S_RAM[t_idx, i_of], -1.0)
+
+
+def _carry_rows(v: _Variables, rows: SparseRows, compression: bool, paging: bool) -> None:
+    """What a stage starts with, the stage before held or made: (2) in RAM,
+    S_RAM[t+1, i] <= S_RAM[t, i] + R[t, i] + M_IN[t, i] + M_DCMP[t, i]; with compression (3c) compressed,
+    S_CMP[t+1, i] <= S_CMP[t, i] + M_CMP[t, i], and (4c) compress only what is in RAM at the stage start,
+    decompress only what is compressed, keeping the compressed copy into the next stage; with paging (3) on
+    flash, S_SSD[t+1, i] <= S_SSD[t, i] + M_OUT[t, i]."""
     INF = np.inf
-
-    # (1) a node computed in stage t has its inputs in RAM: R[t, v] <= R[t, u] + S_RAM[t, u]
-    t_idx, e_idx = np.nonzero(dst[None, :] <= stage)
-    u, v = src[e_idx], dst[e_idx]
+    t_idx, i_idx = np.nonzero(v.lower_incl[:-1])
     ids = rows.new(t_idx.size, -INF, 0.0)
-    rows.terms(ids, R[t_idx, v], 1.0)
-    rows.terms(ids, R[t_idx, u], -1.0)
-    rows.terms(ids, S_RAM[t_idx, u], -1.0)
-
-    # (2) S_RAM[t+1, i] <= S_RAM[t, i] + R[t, i] + M_IN[t, i]  and  (3) S_SSD[t+1, i] <= S_SSD[t, i] + M_OUT[t, i]
-    t_idx, i_idx = np.nonzero(lower_incl[:-1])
-    ids = rows.new(t_idx.size, -INF, 0.0)
-    rows.terms(ids, S_RAM[t_idx + 1, i_idx], 1.0)
-    rows.terms(ids, S_RAM[t_idx, i_idx], -1.0)
-    rows.terms(ids, R[t_idx, i_idx], -1.0)
-    rows.terms(ids, M_IN[t_idx, i_idx], -1.0)
-    rows.terms(ids, M_DCMP[t_idx, i_idx], -1.0)
-    if compression is not None:
+    rows.terms(ids, v.S_RAM[t_idx + 1, i_idx], 1.0)
+    rows.terms(ids, v.S_RAM[t_idx, i_idx], -1.0)
+    rows.terms(ids, v.R[t_idx, i_idx], -1.0)
+    rows.terms(ids, v.M_IN[t_idx, i_idx], -1.0)
+    rows.terms(ids, v.M_DCMP[t_idx, i_idx], -1.0)
+    if compression:
         # (3c) S_CMP[t+1, i] <= S_CMP[t, i] + M_CMP[t, i]
         ids = rows.new(t_idx.size, -INF, 0.0)
-        rows.terms(ids, S_CMP[t_idx + 1, i_idx], 1.0)
-        rows.terms(ids, S_CMP[t_idx, i_idx], -1.0)
-        rows.terms(ids, M_CMP[t_idx, i_idx], -1.0)
-        # (4c) compress only what is in RAM at the stage start; decompress only what is compressed, and
-        # keep the compressed copy into the next stage
-        ct, ci = np.nonzero(compressible)
-        for lhs, rhs in ((M_CMP[ct, ci], S_RAM[ct, ci]), (M_DCMP[ct, ci], S_CMP[ct, ci]), (M_DCMP[ct, ci], S_CMP[np.minimum(ct + 1, T - 1), ci])):
+        rows.terms(ids, v.S_CMP[t_idx + 1, i_idx], 1.0)
+        rows.terms(ids, v.S_CMP[t_idx, i_idx], -1.0)
+        rows.terms(ids, v.M_CMP[t_idx, i_idx], -1.0)
+        # (4c) M_CMP[t, i] <= S_RAM[t, i], M_DCMP[t, i] <= S_CMP[t, i] and M_DCMP[t, i] <= S_CMP[t+1, i]
+        ct, ci = np.nonzero(v.compressible)
+        T = v.T
+        for lhs, rhs in ((v.M_CMP[ct, ci], v.S_RAM[ct, ci]), (v.M_DCMP[ct, ci], v.S_CMP[ct, ci]), (v.M_DCMP[ct, ci], v.S_CMP[np.minimum(ct + 1, T - 1), ci])):
             ids = rows.new(ct.size, -INF, 0.0)
             rows.terms(ids, lhs, 1.0)
             rows.terms(ids, rhs, -1.0)
-    if options.paging:
+    if paging:
         ids = rows.new(t_idx.size, -INF, 0.0)
-        rows.terms(ids, S_SSD[t_idx + 1, i_idx], 1.0)
-        rows.terms(ids, S_SSD[t_idx, i_idx], -1.0)
-        rows.terms(ids, M_OUT[t_idx, i_idx], -1.0)
-        # (4) page in only what is on flash, page out only what is in RAM
-        t_idx, i_idx = np.nonzero(strict)
-        ids = rows.new(t_idx.size, -INF, 0.0)
-        rows.terms(ids, M_IN[t_idx, i_idx], 1.0)
-        rows.terms(ids, S_SSD[t_idx, i_idx], -1.0)
-        ids = rows.new(t_idx.size, -INF, 0.0)
-        rows.terms(ids, M_OUT[t_idx, i_idx], 1.0)
-        rows.terms(ids, S_RAM[t_idx, i_idx], -1.0)
+        rows.terms(ids, v.S_SSD[t_idx + 1, i_idx], 1.0)
+        rows.terms(ids, v.S_SSD[t_idx, i_idx], -1.0)
+        rows.terms(ids, v.M_OUT[t_idx, i_idx], -1.0)
 
-    # (5) FREE[t, (i, k)] = 1 exactly when k runs in stage t, i is not kept for stage t+1, and no later
-    # consumer j > k of i runs in stage t:  hazards h = 1 - R[t,k] + S_RAM[t+1,i] + sum_j R[t,j];
-    # 1 - FREE <= h  and  M (1 - FREE) >= h  with M the largest value h can take.
-    t_idx, e_idx = np.nonzero(free_mask)
-    i_of, k_of = src[e_idx], dst[e_idx]
-    free_col = FREE[t_idx, e_idx]
-    keep_col = np.where(t_idx + 1 < T, S_RAM[np.minimum(t_idx + 1, T - 1), i_of], -1)
+
+def _paging_rows(v: _Variables, rows: SparseRows) -> None:
+    """(4) Page in only what is on flash, page out only what is in RAM: M_IN[t, i] <= S_SSD[t, i] and
+    M_OUT[t, i] <= S_RAM[t, i] (a tensor is paged from where it is at the stage start)."""
+    t_idx, i_idx = np.nonzero(v.strict)
+    ids = rows.new(t_idx.size, -np.inf, 0.0)
+    rows.terms(ids, v.M_IN[t_idx, i_idx], 1.0)
+    rows.terms(ids, v.S_SSD[t_idx, i_idx], -1.0)
+    ids = rows.new(t_idx.size, -np.inf, 0.0)
+    rows.terms(ids, v.M_OUT[t_idx, i_idx], 1.0)
+    rows.terms(ids, v.S_RAM[t_idx, i_idx], -1.0)
+
+
+def _free_rows(graph: TrainingGraph, v: _Variables, rows: SparseRows) -> None:
+    """(5) FREE[t, (i, k)] = 1 exactly when k runs in stage t, i is not kept for stage t+1, and no later
+    consumer j > k of i runs in stage t: with hazards h = 1 - R[t,k] + S_RAM[t+1,i] + sum_j R[t,j],
+    1 - FREE <= h and M (1 - FREE) >= h, M the largest value h can take (sized by the consumers that can run
+    in the stage, a tighter LP than one M for all)."""
+    INF = np.inf
+    T, R, edges = v.T, v.R, v.edges
+    t_idx, e_idx = np.nonzero(v.free_mask)
+    i_of, k_of = v.src[e_idx], v.dst[e_idx]
+    free_col = v.FREE[t_idx, e_idx]
+    keep_col = np.where(t_idx + 1 < T, v.S_RAM[np.minimum(t_idx + 1, T - 1), i_of], -1)
     # later consumers of i (j > k) per edge, as (edge, j) pairs, then joined with the stages
     consumers = graph.consumers
     pair_edge = np.concatenate([np.full(sum(1 for j in consumers[i] if j > k), e) for e, (i, k) in enumerate(edges)] or [np.zeros(0, np.int64)]).astype(np.int64)
@@ -368,12 +414,30 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         rows.terms(ids, R[t_idx, k_of], 1.0)
         rows.terms(ids, keep_col, -1.0)
         rows.terms(ids[row_rep], later_cols, -1.0)
-    # (6) memory: U[t, 0] = R[t, 0] b0 + sum_i S_RAM[t, i] b_i (+ M_IN[t, i] b_i when charged)
-    #             U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1} - sum_{(i, k)} FREE[t, (i, k)] b_i
-    # (6r) a node f of TrainingGraph.early_release left alone holds only its saved tensors from the stage after
-    # its last tensor reader's to its last reader's (held there: computed once, never paged, R[t, t] = 1):
-    # U[t, 0] -= r_f (1 - KEPT_f) there, KEPT_f >= each rerun, page-out and compress of f and each rerun of
-    # a tensor reader of f (poetlab.core.schedule.released_nodes)
+
+
+def _memory_rows(graph: TrainingGraph, v: _Variables, cols: _Columns, rows: SparseRows, charge_pagein: bool) -> dict[str, Any]:
+    """(6) memory: U[t, k] is the RAM in use after node k runs in stage t, and its upper bound is the budget.
+        U[t, 0] = R[t, 0] b0 + sum_i S_RAM[t, i] b_i (+ M_IN[t, i] b_i when charged, + compressed copies)
+        U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1} - sum_{(i, k)} FREE[t, (i, k)] b_i
+    with early releases (6r) and workspaces (6w) on top. Returns the MilpModel fields those two define."""
+    start, release = _stage_start_rows(graph, v, cols, rows, charge_pagein)
+    row_of = _step_rows(v, rows)
+    workspace = _workspace_rows(graph, v, cols, rows, start, row_of)
+    ft, fe = np.nonzero(v.free_mask)
+    fk = v.dst[fe]
+    has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
+    rows.terms(row_of[ft[has_row], fk[has_row]], v.FREE[ft[has_row], fe[has_row]], v.b[v.src[fe[has_row]]])
+    return release | workspace
+
+
+def _stage_start_rows(graph: TrainingGraph, v: _Variables, cols: _Columns, rows: SparseRows, charge_pagein: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """(6)'s U[t, 0], one row per stage, with (6r): a node f of TrainingGraph.early_release left alone holds only
+    its saved tensors from the stage after its last tensor reader's to its last reader's (held there: computed
+    once, never paged, R[t, t] = 1): U[t, 0] -= r_f (1 - KEPT_f) there, KEPT_f >= each rerun, page-out and
+    compress of f and each rerun of a tensor reader of f (poetlab.core.schedule.released_nodes). Returns the
+    rows' ids and the MilpModel fields of 6r."""
+    T, R = v.T, v.R
     release = graph.early_release
     consumers = graph.consumers
     release_window = {f: (first, max(consumers[f]), float(r)) for f, (first, r, _) in release.items()}
@@ -382,72 +446,120 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         constant[first : last + 1] -= r
     ids = rows.new(T, constant, constant)
     kept_by = {f: (f, *(j for j in readers if not graph.nodes[j].is_backward)) for f, (_, _, readers) in release.items()}
-    kept_index = _at_least_each(cols, rows, T, {f: np.concatenate([R[s_ + 1 :, s_] for s_ in sources] + [M_OUT[:, f], M_CMP[:, f]]) for f, sources in kept_by.items()})
+    kept_index = _at_least_each(cols, rows, T, {f: np.concatenate([R[s_ + 1 :, s_] for s_ in sources] + [v.M_OUT[:, f], v.M_CMP[:, f]]) for f, sources in kept_by.items()})
     for f, col in kept_index.items():
         first, last, r = release_window[f]
         rows.terms(ids[first : last + 1], np.full(last + 1 - first, col), -r)
-    rows.terms(ids, U[:, 0], 1.0)
-    rows.terms(ids, R[:, 0], -b[0])
-    t_idx, i_idx = np.nonzero(strict)
-    rows.terms(ids[t_idx], S_RAM[t_idx, i_idx], -b[i_idx])
-    if options.charge_pagein:
-        rows.terms(ids[t_idx], M_IN[t_idx, i_idx], -b[i_idx])
-    rows.terms(ids[t_idx], S_CMP[t_idx, i_idx], -c[i_idx])
-    rows.terms(ids[t_idx], M_CMP[t_idx, i_idx], -c[i_idx])
-    t_idx, k_idx = np.nonzero(node[:, :-1] < stage)  # k + 1 <= t
+    rows.terms(ids, v.U[:, 0], 1.0)
+    rows.terms(ids, R[:, 0], -v.b[0])
+    t_idx, i_idx = np.nonzero(v.strict)
+    rows.terms(ids[t_idx], v.S_RAM[t_idx, i_idx], -v.b[i_idx])
+    if charge_pagein:
+        rows.terms(ids[t_idx], v.M_IN[t_idx, i_idx], -v.b[i_idx])
+    rows.terms(ids[t_idx], v.S_CMP[t_idx, i_idx], -v.compressed[i_idx])
+    rows.terms(ids[t_idx], v.M_CMP[t_idx, i_idx], -v.compressed[i_idx])
+    return ids, {"kept_index": kept_index, "kept_by": kept_by, "release_window": release_window}
+
+
+def _step_rows(v: _Variables, rows: SparseRows) -> np.ndarray:
+    """(6)'s U[t, k+1] = U[t, k] + R[t, k+1] b_{k+1}, one row per k + 1 <= t (U after the stage's own node is
+    left out: it cannot bind), the frees to come (_memory_rows). Returns the T x T row ids, -1 where none."""
+    T = v.T
+    t_idx, k_idx = np.nonzero(v.strict[:, :-1])  # k + 1 <= t
     row_of = np.full((T, T), -1, dtype=np.int64)
     row_of[t_idx, k_idx] = ids_step = rows.new(t_idx.size, 0.0, 0.0)
-    rows.terms(ids_step, U[t_idx, k_idx + 1], 1.0)
-    rows.terms(ids_step, U[t_idx, k_idx], -1.0)
-    rows.terms(ids_step, R[t_idx, k_idx + 1], -b[k_idx + 1])
-    # (6w) a node's workspace (TrainingGraph.workspace, as the simulator counts it) is in U[t, k] while node k
-    # runs in stage t and gone from the next step:  U[t, k] also holds R[t, k] w_k; a backward node b whose
-    # workspace is lower where the schedule leaves its forward node f alone (TrainingGraph.workspace_left_alone)
-    # holds the lower w_b and the difference d_b times MANAGED_f, which is at least each rerun, page-out and
-    # compress of f and of its views (poetlab.core.schedule.managed_nodes) and each rerun of a reader of its
-    # output (poetlab.core.schedule.left_alone_owners): U[b, b] += d_b MANAGED_f
+    rows.terms(ids_step, v.U[t_idx, k_idx + 1], 1.0)
+    rows.terms(ids_step, v.U[t_idx, k_idx], -1.0)
+    rows.terms(ids_step, v.R[t_idx, k_idx + 1], -v.b[k_idx + 1])
+    return row_of
+
+
+def _workspace_rows(graph: TrainingGraph, v: _Variables, cols: _Columns, rows: SparseRows, start: np.ndarray, row_of: np.ndarray) -> dict[str, Any]:
+    """(6w) a node's workspace (TrainingGraph.workspace, as the simulator counts it) is in U[t, k] while node k
+    runs in stage t and gone from the next step: U[t, k] also holds R[t, k] w_k; a backward node b whose
+    workspace is lower where the schedule leaves its forward node f alone (TrainingGraph.workspace_left_alone)
+    holds the lower w_b and the difference d_b times MANAGED_f, which is at least each rerun, page-out and
+    compress of f and of its views (poetlab.core.schedule.managed_nodes) and each rerun of a reader of its
+    output, which an executor keeps to f's free (poetlab.core.schedule.left_alone_owners,
+    TrainingGraph.workspace_readers): U[b, b] += d_b MANAGED_f. ``start`` and ``row_of`` are (6)'s rows
+    (_stage_start_rows, _step_rows). Returns the MilpModel fields of 6w."""
+    R, T = v.R, v.T
     w = graph.workspace_left_alone.astype(float)
     if w.any():
-        rows.terms(ids, R[:, 0], -w[0])
+        t_idx, k_idx = np.nonzero(row_of >= 0)
+        ids_step = row_of[t_idx, k_idx]
+        rows.terms(start, R[:, 0], -w[0])
         rows.terms(ids_step, R[t_idx, k_idx + 1], -w[k_idx + 1])
         rows.terms(ids_step, R[t_idx, k_idx], w[k_idx])
     owner = graph.workspace_owner
     extra = graph.workspace.astype(float) - w
     views = sorted(graph.view_bases.items())
     managed_by = {
-        int(f): (int(f), *(v for v, bases in views if not graph.nodes[v].is_backward and f in bases))
+        int(f): (int(f), *(s for s, bases in views if not graph.nodes[s].is_backward and f in bases))
         for f in sorted(set(owner[owner >= 0].tolist()))
     }
-    # (and at least each rerun of a reader of f's output, which an executor keeps to f's free:
-    # TrainingGraph.workspace_readers)
     readers = graph.workspace_readers
     managed_index = _at_least_each(cols, rows, T, {
-        f: np.concatenate([m for s_ in sources for m in (R[s_ + 1 :, s_], M_OUT[:, s_], M_CMP[:, s_])] + [R[r + 1 :, r] for r in readers.get(f, ())])
+        f: np.concatenate([m for s_ in sources for m in (R[s_ + 1 :, s_], v.M_OUT[:, s_], v.M_CMP[:, s_])] + [R[r + 1 :, r] for r in readers.get(f, ())])
         for f, sources in managed_by.items()
     })
     if managed_index:
         for bwd in np.flatnonzero(owner >= 0):
             rows.terms(row_of[bwd, bwd - 1 : bwd], np.array([managed_index[int(owner[bwd])]]), -extra[bwd])
-    ft, fe = np.nonzero(free_mask)
-    fk = dst[fe]
-    has_row = fk < ft  # frees after node k feed the step to k + 1, which exists when k < t
-    rows.terms(row_of[ft[has_row], fk[has_row]], FREE[ft[has_row], fe[has_row]], b[src[fe[has_row]]])
+    return {
+        "node_workspace": w if w.any() else None,
+        "managed_index": managed_index,
+        "managed_by": managed_by,
+        "managed_readers": {f: readers.get(f, ()) for f in managed_by},
+        "managed_workspace": {int(b): (int(owner[b]), float(extra[b])) for b in np.flatnonzero(owner >= 0)},
+    }
 
-    # (7) runtime: sum R runtime (+ paging time) <= factor * plain-step runtime
-    runtime_budget_s = None
-    if options.runtime_budget_factor is not None:
-        runtime_budget_s = options.runtime_budget_factor * costs.plain_step_runtime_s
-        ids = rows.new(1, -INF, runtime_budget_s)
-        t_idx, i_idx = np.nonzero(R >= 0)
-        rows.terms(np.zeros_like(t_idx) + ids[0], R[t_idx, i_idx], np.where(t_idx == i_idx, costs.runtime_s[i_idx], costs.recompute_runtime_s[i_idx]))
-        if options.count_paging_time and options.paging:
-            t_idx, i_idx = np.nonzero(M_IN >= 0)
-            rows.terms(np.zeros_like(t_idx) + ids[0], M_IN[t_idx, i_idx], costs.pagein_time_s[i_idx])
-            rows.terms(np.zeros_like(t_idx) + ids[0], M_OUT[t_idx, i_idx], costs.pageout_time_s[i_idx])
-        if compression is not None:
-            t_idx, i_idx = np.nonzero(compressible)
-            rows.terms(np.zeros_like(t_idx) + ids[0], M_CMP[t_idx, i_idx], compression.compress_time_s[i_idx])
-            rows.terms(np.zeros_like(t_idx) + ids[0], M_DCMP[t_idx, i_idx], compression.decompress_time_s[i_idx])
+
+def _runtime_row(v: _Variables, costs: CostModel, options: MilpOptions, compression: CompressionCosts | None, rows: SparseRows) -> float | None:
+    """(7) runtime: sum R runtime (reruns at their rerun time; + paging time with count_paging_time; + compress
+    and decompress time) <= factor * plain-step runtime. The budget in seconds; None, and no row, without a
+    factor."""
+    if options.runtime_budget_factor is None:
+        return None
+    runtime_budget_s = options.runtime_budget_factor * costs.plain_step_runtime_s
+    ids = rows.new(1, -np.inf, runtime_budget_s)
+    t_idx, i_idx = np.nonzero(v.R >= 0)
+    rows.terms(np.zeros_like(t_idx) + ids[0], v.R[t_idx, i_idx], np.where(t_idx == i_idx, costs.runtime_s[i_idx], costs.recompute_runtime_s[i_idx]))
+    if options.count_paging_time and options.paging:
+        t_idx, i_idx = np.nonzero(v.M_IN >= 0)
+        rows.terms(np.zeros_like(t_idx) + ids[0], v.M_IN[t_idx, i_idx], costs.pagein_time_s[i_idx])
+        rows.terms(np.zeros_like(t_idx) + ids[0], v.M_OUT[t_idx, i_idx], costs.pageout_time_s[i_idx])
+    if compression is not None:
+        t_idx, i_idx = np.nonzero(v.compressible)
+        rows.terms(np.zeros_like(t_idx) + ids[0], v.M_CMP[t_idx, i_idx], compression.compress_time_s[i_idx])
+        rows.terms(np.zeros_like(t_idx) + ids[0], v.M_DCMP[t_idx, i_idx], compression.decompress_time_s[i_idx])
+    return runtime_budget_s
+
+
+def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> MilpModel:
+    """The POET MILP of ``graph`` with ``costs`` under ``options``: minimize the step's energy (computes, reruns,
+    page-ins and page-outs, compresses and decompresses) over the schedules of POET's release's formulation,
+    the module docstring's variables. The rows come from the release (``tests/release_milp.py`` transcribes
+    them), numbered as there: (1) inputs in RAM, (2)/(3) what is held in RAM and on flash carries from stage
+    to stage, (4) paging from where the tensor is, (5) FREE, (6) the memory recurrence bounded by the budget
+    and (7) the runtime budget; (3c)/(4c) add compression, (6r) early releases and (6w) workspaces, the
+    traced graphs' memory. Each family has its function below, called in this order, which fixes the
+    columns' and rows' order."""
+    compression = costs.compression if options.compression else None
+    if options.compression and compression is None:
+        raise InvalidArgumentError("compression needs compression costs: build them with poetlab.techniques.compression.compression_costs")
+    fixed = (2 * graph.param_bytes if options.params_in_budget else 0) + graph.reserved_bytes  # (as poetlab.solve's)
+    budget = float(options.ram_budget_bytes) - fixed
+    cols = _Columns()
+    v = _add_columns(graph, costs, options, compression, budget, cols)
+    rows = SparseRows()
+    _input_rows(v, rows)
+    _carry_rows(v, rows, compression is not None, options.paging)
+    if options.paging:
+        _paging_rows(v, rows)
+    _free_rows(graph, v, rows)
+    memory = _memory_rows(graph, v, cols, rows, options.charge_pagein)
+    runtime_budget_s = _runtime_row(v, costs, options, compression, rows)
 
     A = rows.matrix(cols.n)
     A.eliminate_zeros()  # (a node of zero flop has a zero runtime coefficient)
@@ -459,22 +571,15 @@ def build_milp(graph: TrainingGraph, costs: CostModel, options: MilpOptions) -> 
         col_lower=np.concatenate(cols.lower),
         col_upper=np.concatenate(cols.upper),
         integer=np.concatenate(cols.integer),
-        index={"R": R, "S_RAM": S_RAM, "S_SSD": S_SSD, "M_IN": M_IN, "M_OUT": M_OUT}
-        | ({"S_CMP": S_CMP, "M_CMP": M_CMP, "M_DCMP": M_DCMP} if compression is not None else {}),
-        free_index=FREE,
-        u_index=U,
-        edges=edges,
-        node_bytes=b,
+        index={"R": v.R, "S_RAM": v.S_RAM, "S_SSD": v.S_SSD, "M_IN": v.M_IN, "M_OUT": v.M_OUT}
+        | ({"S_CMP": v.S_CMP, "M_CMP": v.M_CMP, "M_DCMP": v.M_DCMP} if compression is not None else {}),
+        free_index=v.FREE,
+        u_index=v.U,
+        edges=v.edges,
+        node_bytes=v.b,
         charge_pagein=options.charge_pagein,
         fixed_bytes=fixed,
         runtime_budget_s=runtime_budget_s,
-        compressed_bytes=c if compression is not None else None,
-        node_workspace=w if w.any() else None,
-        managed_index=managed_index,
-        managed_by=managed_by,
-        managed_readers={f: readers.get(f, ()) for f in managed_by},
-        managed_workspace={int(b): (int(owner[b]), float(extra[b])) for b in np.flatnonzero(owner >= 0)},
-        kept_index=kept_index,
-        kept_by=kept_by,
-        release_window=release_window,
+        compressed_bytes=v.compressed if compression is not None else None,
+        **memory,
     )
