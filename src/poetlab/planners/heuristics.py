@@ -118,7 +118,7 @@ def stage_recompute(inputs: list[list[int]], S_RAM: np.ndarray, M_IN: np.ndarray
     return r
 
 
-def _stage_peaks(graph: TrainingGraph, R: np.ndarray, S_RAM: np.ndarray) -> np.ndarray:
+def stage_peaks(graph: TrainingGraph, R: np.ndarray, S_RAM: np.ndarray) -> np.ndarray:
     """Peak RAM of each stage under the MILP's accounting: what S_RAM holds, plus each computed
     output, minus inputs freed after their last reader in the stage unless kept for the next."""
     T = graph.n_nodes
@@ -160,7 +160,7 @@ def greedy_remat_schedule(
     R = np.eye(T, dtype=bool)
     energy = np.maximum(costs.recompute_energy_j, 1e-300)
     nbytes = graph.output_bytes.astype(float)
-    peaks = _stage_peaks(graph, R, S_RAM)
+    peaks = stage_peaks(graph, R, S_RAM)
     while peaks.max() > ram_budget_bytes:
         t = int(peaks.argmax())
         read_in_stage = np.zeros(T, dtype=bool)
@@ -175,7 +175,7 @@ def greedy_remat_schedule(
         following = min(u for u in uses[i] if u >= t)
         S_RAM[previous + 1 : following + 1, i] = False  # recomputed in stage `following`, kept after
         R = minimal_recompute(graph, S_RAM)
-        peaks = _stage_peaks(graph, R, S_RAM)
+        peaks = stage_peaks(graph, R, S_RAM)
     if runtime_budget_s is not None and costs.computes_runtime_s(R) > runtime_budget_s:
         return None
     return Schedule.from_matrices(graph, R, S_RAM)

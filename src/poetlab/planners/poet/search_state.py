@@ -25,6 +25,7 @@ from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 from poetlab.planners.poet.backends import relative_gap
 from poetlab.planners.poet.bounds import EvictionCover, eviction_cover
+from poetlab.planners.poet.chain import chain_plan
 from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions
@@ -123,6 +124,22 @@ class SearchState:
         for schedule in repair_all(self.graph, self.costs, schedules, self.repair_budgets, time_limit_s=min(share_s, self.left_s()), chains=chains):
             best = better(best, "repaired", schedule, self.replay, collect=self.fitting)
         self.start, self.start_sim = best
+
+    def chain_plans(self, share_s: float) -> None:
+        """Each fitting start, cheapest first, then each that did not fit (the plan reads only their RAM profile: greedy
+        remat's, over the runtime budget at 1.05x, gives bert/m4/0.5's certified plan), with its backward pass's rebuilds
+        of the forward chain re-planned (:func:`~poetlab.planners.poet.chain.chain_plan`, NOTE 21) for ``share_s`` in all;
+        each plan replayed, kept where it fits (and as the best start where it is cheaper), until one certifies."""
+        deadline = min(time.perf_counter() + share_s, self.started + self.time_limit_s)
+        fitting = [schedule for schedule, _ in sorted(self.fitting, key=lambda pair: pair[1].energy_j)]
+        for schedule in fitting + self.rejected:
+            left = deadline - time.perf_counter()
+            if left <= 0 or self.proven():
+                break
+            planned = chain_plan(self.graph, self.costs, self.ram_budget_bytes, schedule, self.fixed_bytes, time_limit_s=left)
+            if planned is not None:
+                self.take("chain plan", planned, reject=False)
+        log.info("after the chain plans: %s", "no schedule" if self.start_sim is None else f"{self.start_sim.energy_j:.10g} J")
 
     def from_best_start(self, share_s: float, floor_j: float | None = None) -> float | None:
         """NOTE 13's interval relaxation from the best start for ``share_s`` (stopped once its bound certifies the

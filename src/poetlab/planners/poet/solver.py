@@ -78,6 +78,8 @@ RELAXATION_MIN_TIME_LIMIT_S = 5.0
 #: which it is skipped
 NEIGHBOURHOOD_SHARE = 0.6
 NEIGHBOURHOOD_MIN_TIME_LIMIT_S = 5.0
+#: the chain plans' share of the time limit and most seconds (about 0.2 s a start on bert/m4, NOTE 21)
+CHAIN_SHARE, CHAIN_MAX_S = 0.05, 3.0
 #: below this many columns the window search is skipped: HiGHS works on POET's whole MILP, whose solve
 #: can also prove the optimum (the window search's time would come out of that solve's)
 NEIGHBOURHOOD_MIN_COLUMNS = 10_000
@@ -294,6 +296,8 @@ def solve(
     searching = bound == "eviction" and not compression  # (the phases before POET's MILP: steps 3-6 of docs/solve.md)
     search.begin(bound, starts, exclude_starts)
     _first_repair(search, searching, exclude_starts)
+    if searching and options.remat and not search.proven():  # the chain's rebuilds re-planned (NOTE 21)
+        search.chain_plans(min(CHAIN_SHARE * time_limit_s, CHAIN_MAX_S))
     _primal_phase(search)
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
@@ -359,8 +363,8 @@ def _first_repair(search: SearchState, searching: bool, exclude_starts: Sequence
     turn, with the ejection chains, comes after the relaxations, whose bounds need the time more (NOTE 9)."""
     time_limit_s = search.time_limit_s
     if searching and time_limit_s >= REPAIR_MIN_TIME_LIMIT_S and not search.proven():
-        loose = loose_starts(search.graph, search.costs, search.repair_budgets, exclude=exclude_starts)
-        search.repair(loose + search.rejected, min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2), chains=False)
+        search.rejected[:0] = loose_starts(search.graph, search.costs, search.repair_budgets, exclude=exclude_starts)  # (the chain plans read them too)
+        search.repair(search.rejected, min(max(REPAIR_SHARE * time_limit_s, REPAIR_MIN_S), REPAIR_MAX_S, time_limit_s / 2), chains=False)
         log.info("after the repair: %s", "no schedule" if search.start_sim is None else f"{search.start_sim.energy_j:.10g} J")
     search.repaired_before = len(search.rejected)
 
