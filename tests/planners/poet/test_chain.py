@@ -99,3 +99,26 @@ def test_solve_certifies_bert_m4_at_half_the_budget(factor):
     assert result.status == "optimal" and result.mip_gap <= 1e-3
     assert result.solve_time_s < 30
     assert replay(result.schedule).energy_j == pytest.approx(result.energy_j, rel=1e-12)
+
+
+@pytest.mark.parametrize("example", ["mha", "gru", "tied"])
+def test_solve_runs_the_chain_plans_on_traced_models_whose_cut_vertices_no_backward_node_reads(example):
+    """A traced attention block, GRU or tied-weight model has cut vertices that no backward node reads (an add's or a
+    view's output, whose gradient needs none of it): the plan has no rerun stage for their segments and is skipped,
+    and `solve` answers (before the fix it raised `min() arg is an empty sequence` from the chain plans)."""
+    import poetlab
+    from poetlab.core.schedule import simulate
+    from poetlab.planners.comparison import budget_ladder
+    from poetlab.torch.trace import trace
+    from poetlab.torch.user_models import load_user_model
+    from repo_paths import REPO
+
+    model = load_user_model(f"{REPO / 'examples' / example}.py:make")
+    graph = trace(model.module, model.inputs, model.loss_fn, model.targets, fuse=False)
+    costs = poetlab.CostModel.from_flops(graph, poetlab.load_platform("m4"))
+    P = min(graph.backward_indices)
+    assert any(not any(c >= P for c in graph.consumers[v]) for v in cut_vertices(graph) if v < P)  # (the case itself)
+    budget = budget_ladder(graph, costs, (0.1,))[0]
+    result = solve(graph, costs, budget, 1.2, time_limit_s=3, mip_gap=1e-3, threads=1)
+    assert result.schedule is not None and result.status in ("optimal", "time_limit")
+    assert simulate(result.schedule, graph, costs, ram_budget_bytes=budget, fixed_bytes=graph.reserved_bytes).energy_j == pytest.approx(result.energy_j, rel=1e-12)

@@ -55,6 +55,9 @@ class _Chain:
         self.energy = np.asarray(costs.recompute_energy_j, dtype=float)
         self.inputs = [sorted(set(node.inputs)) for node in graph.nodes]
         consumers = [sorted(set(c)) for c in graph.consumers]
+        self.ok = bool(len(graph.backward_indices))
+        if not self.ok:  # (a graph without a backward pass rebuilds nothing)
+            return
         self.P = P = min(graph.backward_indices)
         forward = set(graph.forward_indices)
         rebuilt = np.array([x in forward and bool(R[P:, x].any()) for x in range(T)])
@@ -77,8 +80,13 @@ class _Chain:
         self.last_read = {x: max((c for c in consumers[x] if c >= P), default=x) for x in range(P) if on_chain[x]}
         self.last_forward_read = {x: max((c for c in consumers[x] if c < P), default=x) for x in range(P) if on_chain[x]}
         self.seg = {k: [x for x in range(self.chain[k - 1] + 1, self.chain[k] + 1) if on_chain[x]] for k in range(1, n + 1)}
-        # the first backward stage that reads a tensor of segment k: where a rerun for it must be done
-        self.b = {k: min([self.first_read[x] for x in self.seg[k]] + [min(c for c in consumers[self.chain[k]] if c >= P)]) for k in range(1, n + 1)}
+        # the first backward stage that reads a tensor of segment k: where a rerun for it must be done (a cut vertex
+        # no backward node reads, as in a traced attention block or GRU, leaves its segment's rerun stage undefined: no plan)
+        read = [min((c for c in consumers[cut] if c >= P), default=None) for cut in self.chain]
+        self.ok = all(stage is not None for stage in read[1:])
+        if not self.ok:
+            return
+        self.b = {k: min([self.first_read[x] for x in self.seg[k]] + [read[k]]) for k in range(1, n + 1)}
         # the seed without the plan's tensors from their last forward read on: what the rest of it leaves free
         S1, R1 = S.copy(), R.copy()
         for x in np.flatnonzero(on_chain):
