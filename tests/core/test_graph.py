@@ -8,7 +8,10 @@ import pytest
 
 from poetlab import TrainingGraph, build_paper_graph
 from poetlab.errors import GraphFileError, InvalidArgumentError, OutputError
-from poetlab.core.graph import Node
+from poetlab.core.graph import Node, cut_vertices
+from poetlab.planners.baselines.chen import articulation_points
+
+from small_graphs import convnet, relu_chain, residual
 
 
 @pytest.mark.parametrize("model", ["linear", "resnet18_cifar", "transformer"])
@@ -122,3 +125,34 @@ def test_a_nodes_footprint_counts_the_workspace_left_alone_the_least_a_schedule_
     sizes = graph.output_bytes
     assert footprint == max(int(sizes[i]) + int(graph.workspace_left_alone[i]) + sum(int(sizes[j]) for j in set(n.inputs)) for i, n in enumerate(graph.nodes))
     assert np.any(graph.workspace_left_alone < 0)
+
+
+def _separates(graph, v) -> bool:
+    """Whether every forward path from the first forward node to the last passes through ``v`` (by search)."""
+    forward = graph.forward_indices
+    first, last = forward[0], forward[-1]
+    if v in (first, last):
+        return True
+    seen, stack = {first}, [first]
+    while stack:
+        u = stack.pop()
+        for w in graph.consumers[u]:
+            if w in forward and w != v and w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return last not in seen
+
+
+@pytest.mark.parametrize("make", [lambda: build_paper_graph("bert"), lambda: build_paper_graph("resnet18_cifar"), residual, convnet, lambda: relu_chain(6)])
+def test_cut_vertices_are_the_forward_tensors_every_path_passes(make):
+    """The cut vertices are exactly the forward tensors whose removal separates the forward pass's first node from
+    its last (checked by a search on the graph); on BERT, each layer's two skip-adds."""
+    graph = make()
+    cuts = cut_vertices(graph)
+    assert cuts == [v for v in graph.forward_indices if _separates(graph, v)]
+    # (and the articulation points no forward edge jumps over: revolve's chain states, as it computed them before)
+    jumps = [(u, w) for u, w in graph.edges if w in graph.forward_indices]
+    assert cuts == [p for p in articulation_points(graph) if not any(u < p < w for u, w in jumps)]
+    if graph.n_nodes == build_paper_graph("bert").n_nodes:
+        kinds = [graph.nodes[v].kind for v in cuts]
+        assert kinds.count("skip_add") == 24

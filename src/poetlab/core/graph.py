@@ -399,6 +399,18 @@ def min_footprint_bytes(graph: TrainingGraph) -> tuple[int, int]:
     return int(footprint[node]), node
 
 
+def cut_vertices(graph: TrainingGraph) -> list[int]:
+    """The forward tensors no forward edge jumps over, in order: every forward path passes through each of them
+    (on a chain, every forward node). The states of a chain of blocks (revolve's, rotor's) and the checkpoints of
+    POET's chain plans; one pass over the edges, where a separation search per node would take O(n E)."""
+    forward = graph.forward_indices
+    covered = np.zeros(graph.n_nodes, dtype=bool)
+    for b in forward:
+        for a in graph.nodes[b].inputs:
+            covered[a + 1 : b] = True
+    return [v for v in forward if not covered[v]]
+
+
 def _readonly(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array

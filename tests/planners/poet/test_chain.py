@@ -6,44 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poetlab import build_paper_graph
 from poetlab.core.schedule import InvalidScheduleError
 from poetlab.planners.heuristics import greedy_remat_schedule
 from poetlab.planners.poet.backends import relative_gap
+from poetlab.core.graph import cut_vertices
 from poetlab.planners.poet.bounds import eviction_bound
-from poetlab.planners.poet.chain import chain_plan, cut_vertices
+from poetlab.planners.poet.chain import chain_plan
 from poetlab.planners.poet.solver import solve
 
-from small_graphs import convnet, relu_chain, residual
 from solve_checks import grid_instance
 
-
-def _separates(graph, v) -> bool:
-    """Whether every forward path from the first forward node to the last passes through ``v`` (by search)."""
-    forward = graph.forward_indices
-    first, last = forward[0], forward[-1]
-    if v in (first, last):
-        return True
-    seen, stack = {first}, [first]
-    while stack:
-        u = stack.pop()
-        for w in graph.consumers[u]:
-            if w in forward and w != v and w not in seen:
-                seen.add(w)
-                stack.append(w)
-    return last not in seen
-
-
-@pytest.mark.parametrize("make", [lambda: build_paper_graph("bert"), lambda: build_paper_graph("resnet18_cifar"), residual, convnet, lambda: relu_chain(6)])
-def test_cut_vertices_are_the_forward_tensors_every_path_passes(make):
-    """The cut vertices are exactly the forward tensors whose removal separates the forward pass's first node from
-    its last (checked by a search on the graph); on BERT, each layer's two skip-adds."""
-    graph = make()
-    cuts = cut_vertices(graph)
-    assert cuts == [v for v in graph.forward_indices if _separates(graph, v)]
-    if graph.n_nodes == build_paper_graph("bert").n_nodes:
-        kinds = [graph.nodes[v].kind for v in cuts]
-        assert kinds.count("skip_add") == 24
 
 
 def test_greedy_remats_bert_schedule_replanned_is_within_the_gap_of_the_eviction_bound():

@@ -36,9 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from poetlab.planners.baselines.base import Budgets, CannotMeetBudget, PlanOptions
-from poetlab.planners.baselines.chen import articulation_points
 from poetlab.core.costs import CostModel
-from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph, cut_vertices
 from poetlab.core.schedule import Op, OpKind, Schedule, simulate
 
 
@@ -170,15 +169,14 @@ def planning_chain(method: str, graph: TrainingGraph, budgets: Budgets) -> Block
 def block_chain(graph: TrainingGraph) -> BlockChain:
     """The chain-of-blocks view of ``graph``; raise :class:`NotABlockChain` with the reason if there is none.
 
-    States are the articulation points of the forward graph that no forward edge jumps over (on a chain,
+    States are the forward nodes no forward edge jumps over (:func:`~poetlab.core.graph.cut_vertices`; on a chain,
     every forward node). A backward node belongs to the step of the latest forward node it reads, must
     read only that step's nodes and states, and may read only the backward node just before it."""
     forward = list(graph.forward_indices)
     n_forward = len(forward)
     if forward != list(range(n_forward)) or n_forward < 2:
         raise NotABlockChain("the forward nodes must come first, before every backward node")
-    jumps = [(u, v) for u, v in graph.edges if v < n_forward]
-    points = [p for p in articulation_points(graph) if not any(u < p < v for u, v in jumps)]
+    points = cut_vertices(graph)  # (each is an articulation point: forward nodes come first, so no other edge crosses it)
     if points[0] != 0 or points[-1] != n_forward - 1:
         raise NotABlockChain("the first and last forward nodes must be states of the chain")
     step_of = {}

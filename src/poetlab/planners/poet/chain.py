@@ -28,22 +28,12 @@ import time
 import numpy as np
 
 from poetlab.core.costs import CostModel
-from poetlab.core.graph import TrainingGraph
+from poetlab.core.graph import TrainingGraph, cut_vertices
 from poetlab.core.schedule import Schedule
 from poetlab.planners.heuristics import minimal_recompute, stage_peaks
 
 #: the most segments the dynamic program plans (its states grow with their square; the paper graphs have 24-60)
 MAX_SEGMENTS = 96
-
-
-def cut_vertices(graph: TrainingGraph) -> list[int]:
-    """The forward tensors no forward edge jumps over, in order: every forward path passes through each of them."""
-    forward = graph.forward_indices
-    covered = np.zeros(graph.n_nodes, dtype=bool)
-    for b in forward:
-        for a in graph.nodes[b].inputs:
-            covered[a + 1 : b] = True
-    return [v for v in forward if not covered[v]]
 
 
 class _Chain:
