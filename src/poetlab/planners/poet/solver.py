@@ -298,6 +298,8 @@ def solve(
     _first_repair(search, searching, exclude_starts)
     if searching and options.remat and not search.proven():  # the chain's rebuilds re-planned (NOTE 21)
         search.chain_plans(min(CHAIN_SHARE * time_limit_s, CHAIN_MAX_S))
+    if searching and not search.proven():  # the rebuilds' inputs charged (NOTE 23)
+        search.rebuilds()
     _primal_phase(search)
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)
