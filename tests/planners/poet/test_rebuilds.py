@@ -98,4 +98,4 @@ def test_bert_seq8_at_its_smallest_footprint_gets_a_bound_above_the_eviction_bou
     assert rebuilt.bound_j > evicted * (1 + 1e-2)
     result = solve(graph, costs, budget, 2.0, mip_gap=1e-3, threads=1, time_limit_s=5.0)
     assert result.energy_j is not None and rebuilt.bound_j <= result.energy_j
-    assert result.bound_j >= rebuilt.bound_j * (1 - 1e-9)
+    assert result.bound_j > evicted * (1 + 1e-2)  # (solve's own, for 0.5 s: optimal in about 0.2 s here)
