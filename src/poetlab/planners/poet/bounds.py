@@ -180,12 +180,13 @@ def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions
             continue
         T = graph.n_nodes
         chosen = np.asarray(result.x).round().astype(bool)
-        schedules.append(_evict(graph, chosen[:T], chosen[T:]))
+        schedules.append(evict_schedule(graph, chosen[:T], chosen[T:]))
     return schedules
 
 
-def _evict(graph: TrainingGraph, recompute: np.ndarray, page: np.ndarray) -> Schedule:
-    """Checkpoint-all, less the chosen tensors over their longest idle interval."""
+def evict_schedule(graph: TrainingGraph, recompute: np.ndarray, page: np.ndarray) -> Schedule:
+    """Checkpoint-all, less the chosen tensors over their longest idle interval (the covers' schedules, and the rebuild
+    bound's seed for a chain plan: :mod:`poetlab.planners.poet.rebuilds`)."""
     T = graph.n_nodes
     uses = [sorted(set(users)) for users in graph.consumers]
     stage = np.arange(T)

@@ -49,11 +49,15 @@ REBUILD_STEP, REBUILD_MAX_STAGES = 8, 12
 
 @dataclass(frozen=True)
 class RebuildBound:
-    """The rebuild bound (J; one plain step where nothing is proven) and the stages that got the rows."""
+    """The rebuild bound (J; one plain step where nothing is proven), the stages that got the rows, and its best
+    point's choice per tensor: recomputed at least once, paged in at least once (None without a point). The point
+    made a schedule and its chain re-planned is a start (NOTE 23: it holds the layers' linears, not the skip-adds)."""
 
     bound_j: float
     stages: tuple[int, ...] = ()
     seconds: float = 0.0
+    recompute: np.ndarray | None = None
+    page: np.ndarray | None = None
 
 
 def _ancestors(graph: TrainingGraph, targets: np.ndarray, below: int) -> np.ndarray:
@@ -169,7 +173,12 @@ def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, 
     extra = None if result.status == 2 else proven_extra(result, COVER_GAP)
     bound = trivial if extra is None else trivial * (1.0 + max(0.0, extra))
     log.info("rebuild bound: %.10g J (%.6f x one plain step; %d stages from %d, %d columns, %.2f s)", bound, bound / trivial, K, t1, n_cols, seconds)
-    return RebuildBound(bound, tuple(stages), seconds)
+    if result.x is None:
+        return RebuildBound(bound, tuple(stages), seconds)
+    chosen = np.asarray(result.x).round().astype(bool)
+    recompute = chosen[:T].copy()
+    recompute[block] |= chosen[W : W + n] | chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)[:, 1].any(axis=0)
+    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T])
 
 
 def _stage_rows(graph: TrainingGraph, rows: _Rows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:

@@ -24,7 +24,7 @@ from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 from poetlab.planners.poet.backends import relative_gap
-from poetlab.planners.poet.bounds import EvictionCover, eviction_cover
+from poetlab.planners.poet.bounds import EvictionCover, evict_schedule, eviction_cover
 from poetlab.planners.poet.chain import chain_plan
 from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
@@ -190,11 +190,21 @@ class SearchState:
     def rebuilds(self) -> None:
         """The rebuild bound (NOTE 23: the eviction bound with a rebuild's inputs charged at the backward pass's stages)
         for 5% of the limit (0.5-1 s); it joins the eviction bound (``evicted_j`` too: the bound the relaxations must
-        raise)."""
+        raise). Its point, made a schedule (each tensor it regenerates evicted over its longest idle interval) and with
+        recomputation its chain re-planned (NOTE 21), joins the starts."""
+        graph, costs = self.graph, self.costs
         limit_s = min(REBUILD_MAX_S, max(REBUILD_MIN_S, REBUILD_SHARE * self.time_limit_s))
-        rebuilt = rebuild_bound(self.graph, self.costs, self.options, time_limit_s=limit_s)
+        rebuilt = rebuild_bound(graph, costs, self.options, time_limit_s=limit_s)
         self.lower_bound = max(self.lower_bound, rebuilt.bound_j)
         self.evicted_j = max(self.evicted_j, rebuilt.bound_j)
+        if rebuilt.recompute is None or self.options.charge_pagein:
+            return
+        seed = evict_schedule(graph, rebuilt.recompute, rebuilt.page)
+        self.take("rebuild bound's point", seed)
+        if self.options.remat and not self.proven():
+            planned = chain_plan(graph, costs, self.ram_budget_bytes, seed, self.fixed_bytes, time_limit_s=max(0.1, min(REBUILD_MAX_S, self.left_s())))
+            if planned is not None:
+                self.take("chain plan of the rebuild bound's point", planned, reject=False)
 
     def cover_restricted(self, share_s: float, max_columns: int) -> None:
         """The interval relaxation restricted to the eviction cover's recomputations (NOTE 18) for ``share_s``, stopped
