@@ -40,3 +40,17 @@ def relu_chain(n: int) -> TrainingGraph:
         x = net.elementwise("relu", x)
     net.cross_entropy(x, 16)
     return training_graph(f"chain{n}", net, {})
+
+
+def tiny_bert(blocks: int = 2, seq: int = 4, hidden: int = 8, head_dim: int = 4, heads: int = 2) -> TrainingGraph:
+    """BERT's blocks (qkv, scores, attention, linear, skip-add, linear+ReLU, linear, skip-add) at toy sizes: a chain
+    of skip-adds whose rebuilds in the backward pass run through the attention."""
+    net = LayerList()
+    x = net.input((seq, hidden))
+    for _ in range(blocks):
+        block_input = x
+        x = net.qk_t_v(net.qk_t(net.qkv(x, seq, hidden, head_dim, heads), seq, head_dim, heads), seq, head_dim, heads)
+        attention = net.skip_add(block_input, net.linear(x, head_dim * heads, hidden))
+        x = net.skip_add(attention, net.linear(net.linear(attention, hidden, 4 * hidden, relu=True), 4 * hidden, hidden))
+    net.cross_entropy(x, seq)
+    return training_graph(f"tiny_bert{blocks}", net, {"source": "test"})

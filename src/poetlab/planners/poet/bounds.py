@@ -77,16 +77,29 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[in
     return demands
 
 
-def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool, time_limit_s: float, gap: float = COVER_GAP):
-    """The covering MILP of NOTE 2, or None where no stage is over budget: scipy's result, whose x is
-    (recompute tensor i for i < T, page tensor i for i < T) and whose objective is in plain steps. With
-    ``linked``, a recomputed tensor's inputs are never evicted (rows for a schedule, not for the bound)."""
+@dataclass(frozen=True)
+class CoverProblem:
+    """The covering MILP of NOTE 2 as arrays, for :func:`_cover` and for the bounds that add rows to it
+    (:mod:`poetlab.planners.poet.rebuilds`): columns (recompute tensor i for i < T, page tensor i for i < T),
+    ``cost`` in plain steps, ``upper`` 0 where a lever is not allowed, ``constraints`` scipy's rows, and the
+    stages over budget (:func:`eviction_demands`) with the budget they were measured against."""
+
+    cost: np.ndarray
+    upper: np.ndarray
+    constraints: list
+    demands: list
+    budget_bytes: float
+
+
+def cover_problem(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool = False) -> CoverProblem | None:
+    """The covering MILP of NOTE 2, or None where no stage is over budget. With ``linked``, a recomputed
+    tensor's inputs are never evicted (rows for a schedule, not for the bound)."""
+    from scipy.optimize import LinearConstraint
+
     budget = float(options.ram_budget_bytes) - (2 * graph.param_bytes if options.params_in_budget else 0)
     demands = eviction_demands(graph, budget)
     if not demands:
         return None
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
     T = graph.n_nodes
     b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
     movable = ~graph.pinned
@@ -106,7 +119,19 @@ def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked:
         n = len(edges)
         link = sp.csr_matrix((np.ones(3 * n), (np.repeat(np.arange(n), 3), np.stack([edges[:, 1], edges[:, 0], edges[:, 0] + T], axis=1).ravel())), shape=(n, 2 * T))
         constraints.append(LinearConstraint(link, -np.inf, 1.0))
-    return milp(cost, constraints=constraints, integrality=np.ones(2 * T), bounds=Bounds(0.0, allowed.astype(float)), options={"time_limit": time_limit_s, "mip_rel_gap": gap})
+    return CoverProblem(cost, allowed.astype(float), constraints, demands, budget)
+
+
+def _cover(graph: TrainingGraph, costs: CostModel, options: MilpOptions, linked: bool, time_limit_s: float, gap: float = COVER_GAP):
+    """The covering MILP of NOTE 2 solved, or None where no stage is over budget: scipy's result, whose x is
+    (recompute tensor i for i < T, page tensor i for i < T) and whose objective is in plain steps."""
+    problem = cover_problem(graph, costs, options, linked)
+    if problem is None:
+        return None
+    from scipy.optimize import Bounds, milp
+
+    n = problem.cost.size
+    return milp(problem.cost, constraints=problem.constraints, integrality=np.ones(n), bounds=Bounds(0.0, problem.upper), options={"time_limit": time_limit_s, "mip_rel_gap": gap})
 
 
 @dataclass(frozen=True)
@@ -155,12 +180,13 @@ def cover_schedules(graph: TrainingGraph, costs: CostModel, options: MilpOptions
             continue
         T = graph.n_nodes
         chosen = np.asarray(result.x).round().astype(bool)
-        schedules.append(_evict(graph, chosen[:T], chosen[T:]))
+        schedules.append(evict_schedule(graph, chosen[:T], chosen[T:]))
     return schedules
 
 
-def _evict(graph: TrainingGraph, recompute: np.ndarray, page: np.ndarray) -> Schedule:
-    """Checkpoint-all, less the chosen tensors over their longest idle interval."""
+def evict_schedule(graph: TrainingGraph, recompute: np.ndarray, page: np.ndarray) -> Schedule:
+    """Checkpoint-all, less the chosen tensors over their longest idle interval (the covers' schedules, and the rebuild
+    bound's seed for a chain plan: :mod:`poetlab.planners.poet.rebuilds`)."""
     T = graph.n_nodes
     uses = [sorted(set(users)) for users in graph.consumers]
     stage = np.arange(T)

@@ -9,7 +9,8 @@ The steps, each cheap before the expensive one:
    every schedule. If checkpoint-all (no recomputation, no paging) fits the budgets, it meets that
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
-   optimal. Else, where the best start is near the bound and the bound's cover fills the runtime budget's slack with
+   optimal. Else (after the repair and the chain plans) the rebuild bound (:mod:`poetlab.planners.poet.rebuilds`) joins
+   it and its point, made a schedule and chain-planned, the starts; where the best start is near the bound and the bound's cover fills the runtime budget's slack with
    recomputations, the interval relaxation restricted to them gives a schedule (:mod:`poetlab.planners.poet.primal`);
    then, where the best start is near the bound, solve the interval relaxation
    (:mod:`poetlab.planners.poet.intervals`, without its kept-through and idle-gap rows) from the best start
@@ -298,6 +299,8 @@ def solve(
     _first_repair(search, searching, exclude_starts)
     if searching and options.remat and not search.proven():  # the chain's rebuilds re-planned (NOTE 21)
         search.chain_plans(min(CHAIN_SHARE * time_limit_s, CHAIN_MAX_S))
+    if searching and not search.proven():  # the rebuilds' inputs charged (NOTE 23)
+        search.rebuilds()
     _primal_phase(search)
     again_s = min(max(REPAIR_AGAIN_SHARE * time_limit_s, REPAIR_AGAIN_MIN_S), REPAIR_AGAIN_MAX_S, time_limit_s / 2)  # the second repair's share
     # (only where the interval relaxation makes schedules: with recomputation, page-ins not charged as they land)

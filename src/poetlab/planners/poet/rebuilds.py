@@ -1,0 +1,212 @@
+"""The rebuild bound: the eviction bound with the backward pass's rebuilds and their inputs charged at a few stages
+(NOTE 23 in docs/solve.md).
+
+The eviction bound (:mod:`poetlab.planners.poet.bounds`, NOTE 2) charges a tensor evicted across a stage its own
+rerun, once, although a rerun needs its inputs in RAM at that moment, and theirs, down to tensors still held; on a
+chain of skip-adds (BERT) a held checkpoint below it or a sweep from the input, and a tensor rebuilt and dropped
+again is rebuilt again. This bound follows the tensors before the first chosen stage t_1 (the block: those read
+after t_1 and what they are computed from) through the chosen stages t_1 < ... < t_K of the backward pass, each
+interval (t_k, t_k+1] (the last to the end) with three binaries per block tensor a:
+
+- ``h[k, a]``: a is in RAM when node t_k runs and at the start of stage t_k + 1 (S_RAM[t_k+1, a], and S_RAM[t_k, a]
+  or R[t_k, a]): nothing frees a tensor kept for the next stage, so these are in RAM beside node t_k's output and
+  inputs, as are the live-across tensors outside the block that are never regenerated (NOTE 2's row, with the
+  held block tensors in it);
+- ``r[k, a]``: a is recomputed in a stage of (t_k, t_k+1];
+- ``p[k, a]``: a is paged in in a stage of [t_k, t_k+1).
+
+Rows (each follows from POET's MILP: (1) a node's inputs in RAM, (3) S_RAM[t+1] <= S_RAM[t] + R[t] + M_IN[t]):
+a block tensor that a node of (t_k, t_k+1] reads is present: h + r + p >= 1 (follow its presence back to stage
+t_k + 1); a rerun in the interval has each input present: h[k, i] + r[k, i] + p[k, i] >= r[k, a]; what is held
+across t_k was held across t_k-1, rebuilt or paged in since: h[k, a] <= h[k-1, a] + r[k-1, a] + p[k-1, a]. Node
+t_k and its inputs are in RAM at node t_k anyway, so rows that reach them are left out, as are pinned tensors. The
+intervals are disjoint, so each rerun and page-in is charged once per interval it falls in (w, v: before t_1); the
+cover's x, y (recomputed, paged in at least once) stay for its rows of the other stages, with x <= w + sum r,
+y <= v + sum p, p <= y (one page-out at least). Every schedule maps to a point at no more than its energy and
+runtime, so the minimum is a lower bound, and never below the eviction bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.planners.poet.bounds import COVER_GAP, cover_problem, proven_extra
+from poetlab.planners.poet.milp import MilpOptions
+
+log = logging.getLogger("poetlab.bounds")
+
+#: every how many stages over budget (from the backward pass's tightest on) get the rebuild rows, and at most how
+#: many: each adds three binaries per block tensor; 8 is a BERT layer, and 12 of them span its backward pass (NOTE 23)
+REBUILD_STEP, REBUILD_MAX_STAGES = 8, 12
+
+
+@dataclass(frozen=True)
+class RebuildBound:
+    """The rebuild bound (J; one plain step where nothing is proven), the stages that got the rows, and its best
+    point's choice per tensor: recomputed at least once, paged in at least once (None without a point). The point
+    made a schedule and its chain re-planned is a start (NOTE 23: it holds the layers' linears, not the skip-adds)."""
+
+    bound_j: float
+    stages: tuple[int, ...] = ()
+    seconds: float = 0.0
+    recompute: np.ndarray | None = None
+    page: np.ndarray | None = None
+
+
+def _ancestors(graph: TrainingGraph, targets: np.ndarray, below: int) -> np.ndarray:
+    """The tensors before ``below`` that ``targets`` are computed from (themselves included)."""
+    seen = np.zeros(graph.n_nodes, dtype=bool)
+    stack = [int(j) for j in targets]
+    seen[targets] = True
+    while stack:
+        for i in graph.nodes[stack.pop()].inputs:
+            if i < below and not seen[i]:
+                seen[i] = True
+                stack.append(i)
+    return np.flatnonzero(seen)
+
+
+def _free(graph: TrainingGraph, t: int) -> np.ndarray:
+    """Per tensor, whether it is in RAM when node t runs whatever the schedule: node t and its inputs (their
+    bytes are taken off the room), and the pinned tensors (never evicted)."""
+    free = graph.pinned.copy()
+    free[t] = True
+    free[list(graph.nodes[t].inputs)] = True
+    return free
+
+
+class _Rows:
+    """Sparse rows collected one at a time: lower <= sum coef * x[col] <= upper."""
+
+    def __init__(self) -> None:
+        self.data, self.rows, self.cols, self.lower, self.upper = [], [], [], [], []
+
+    def add(self, cols, coefs, lower: float, upper: float) -> None:
+        self.rows.extend([len(self.lower)] * len(cols))
+        self.cols.extend(int(c) for c in cols)
+        self.data.extend(float(c) for c in coefs)
+        self.lower.append(lower)
+        self.upper.append(upper)
+
+    def constraint(self, n_cols: int):
+        from scipy.optimize import LinearConstraint
+
+        return LinearConstraint(sp.csr_matrix((self.data, (self.rows, self.cols)), shape=(len(self.lower), n_cols)), np.array(self.lower), np.array(self.upper))
+
+
+def default_stages(graph: TrainingGraph, demands: list) -> list[int]:
+    """The stages over budget from the backward pass's tightest one (the most bytes over its room) on, every
+    ``REBUILD_STEP``-th, at most ``REBUILD_MAX_STAGES``: on BERT a backward stage of each layer (NOTE 23)."""
+    backward = graph.backward_indices
+    b = graph.output_bytes_least
+    over = [(t, b[live].sum() - room) for t, live, room in demands if backward and t >= min(backward)]
+    if not over:
+        return []
+    tightest = max(range(len(over)), key=lambda k: over[k][1])
+    return [t for t, _ in over[tightest::REBUILD_STEP]][:REBUILD_MAX_STAGES]
+
+
+def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, time_limit_s: float = 10.0, stages: list[int] | None = None) -> RebuildBound:
+    """A lower bound (J) on the energy of every schedule meeting ``options``' budgets: the eviction bound's
+    covering problem with the rebuild rows (module docstring) at ``stages`` (default :func:`default_stages`).
+    One plain step where nothing is proven (compression, no stage over budget, no answer)."""
+    started = time.perf_counter()
+    trivial = costs.plain_step_energy_j
+    problem = None if options.compression else cover_problem(graph, costs, options)
+    stages = sorted(set(stages if stages is not None else default_stages(graph, problem.demands if problem else [])))
+    if problem is None or not stages:
+        return RebuildBound(trivial)
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    T, K, t1 = graph.n_nodes, len(stages), stages[0]
+    b = graph.output_bytes_least.astype(float)
+    last_use = np.array([max(users) if users else -1 for users in graph.consumers])
+    targets = np.flatnonzero(last_use[:t1] > t1)
+    block = _ancestors(graph, targets, t1)
+    block = block[~graph.pinned[block]]
+    n = block.size
+    in_block = np.zeros(T, dtype=bool)
+    in_block[block] = True
+    # columns: x (T), y (T) of the cover; w, v (recomputed, paged in before t1: n each); h, r, p per stage (3n each)
+    W, V = 2 * T, 2 * T + n
+    H = [2 * T + 2 * n + 3 * n * k for k in range(K)]
+    R, P = [h + n for h in H], [h + 2 * n for h in H]
+    n_cols = 2 * T + 2 * n + 3 * n * K
+    plain = costs.plain_step_energy_j
+    e, pin, pout = costs.recompute_energy_j[block] / plain, costs.pagein_energy_j[block] / plain, costs.pageout_energy_j[block] / plain
+    cost = np.concatenate([problem.cost, e, pin, np.tile(np.concatenate([np.zeros(n), e, pin]), K)])
+    cost[block], cost[T + block] = 0.0, pout  # a block tensor's reruns and page-ins are counted per interval
+    remat, paging = problem.upper[block], problem.upper[T + block]
+    upper = np.concatenate([problem.upper, remat, paging, np.tile(np.concatenate([np.ones(n), remat, paging]), K)])
+    constraints = [LinearConstraint(sp.hstack([c.A, sp.csr_matrix((c.A.shape[0], n_cols - 2 * T))]).tocsr(), c.lb, c.ub) for c in problem.constraints]
+    rows = _Rows()
+    idx = np.arange(n)
+    for q, a in enumerate(block):  # x <= w + sum r, y <= v + sum p, p <= y
+        rows.add([a, W + q, *[R[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
+        rows.add([T + a, V + q, *[P[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
+        for k in range(K):
+            rows.add([P[k] + q, T + a], [1.0, -1.0], -np.inf, 0.0)
+    if options.runtime_budget_factor is not None:
+        slack = (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s
+        rt = costs.recompute_runtime_s[block]
+        pt = costs.pagein_time_s[block] if options.count_paging_time else np.zeros(n)
+        outside = np.flatnonzero(~in_block)
+        cols = [*outside, *(T + outside), *(W + idx), *(V + idx), *[c for k in range(K) for c in (R[k] + idx)], *[c for k in range(K) for c in (P[k] + idx)]]
+        page_out = (costs.pagein_time_s + costs.pageout_time_s)[outside] if options.count_paging_time else np.zeros(outside.size)
+        coefs = [*costs.recompute_runtime_s[outside], *page_out, *rt, *pt, *np.tile(rt, K), *np.tile(pt, K)]
+        if options.count_paging_time:
+            cols, coefs = cols + list(T + block), coefs + list(costs.pageout_time_s[block])
+        rows.add(cols, coefs, -np.inf, slack)
+    ends = [*stages[1:], T]
+    for k, t in enumerate(stages):
+        _stage_rows(graph, rows, k, t, stages[k - 1] if k else None, ends[k], block, in_block, problem.budget_bytes, H, R, P, last_use)
+    constraints.append(rows.constraint(n_cols))
+    result = milp(cost, constraints=constraints, integrality=np.ones(n_cols), bounds=Bounds(0.0, upper), options={"time_limit": time_limit_s, "mip_rel_gap": COVER_GAP})
+    seconds = time.perf_counter() - started
+    extra = None if result.status == 2 else proven_extra(result, COVER_GAP)
+    bound = trivial if extra is None else trivial * (1.0 + max(0.0, extra))
+    log.info("rebuild bound: %.10g J (%.6f x one plain step; %d stages from %d, %d columns, %.2f s)", bound, bound / trivial, K, t1, n_cols, seconds)
+    if result.x is None:
+        return RebuildBound(bound, tuple(stages), seconds)
+    chosen = np.asarray(result.x).round().astype(bool)
+    recompute = chosen[:T].copy()
+    recompute[block] |= chosen[W : W + n] | chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)[:, 1].any(axis=0)
+    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T])
+
+
+def _stage_rows(graph: TrainingGraph, rows: _Rows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:
+    """Stage t's rows (the k-th chosen; the next is ``end``): its memory, what is held across it carried from the
+    stage before, each block tensor read in (t, end] present, each rerun in (t, end] with its inputs present."""
+    T, n = graph.n_nodes, block.size
+    b = graph.output_bytes_least.astype(float)
+    free = _free(graph, t)
+    pos = np.full(T, -1)
+    pos[block] = np.arange(n)
+    room = budget - b[t] - b[sorted(set(graph.nodes[t].inputs))].sum()
+    live = np.flatnonzero(last_use[:t] > t)
+    live = live[~free[live] | graph.pinned[live]]
+    live = live[~np.isin(live, list(graph.nodes[t].inputs))]
+    held = block[~free[block]]
+    outside = live[~in_block[live]]
+    movable = outside[~graph.pinned[outside]]
+    # held block tensors + live tensors outside the block not regenerated <= room
+    rows.add([*(H[k] + pos[held]), *movable, *(T + movable)], [*b[held], *(-b[movable]), *(-b[movable])], -np.inf, room - b[outside].sum())
+    before = None if prev is None else _free(graph, prev)
+    for q, a in enumerate(block):
+        if free[a]:
+            continue
+        if before is not None and not before[a]:  # held across t: held across the stage before, or back since
+            rows.add([H[k] + q, H[k - 1] + q, R[k - 1] + q, P[k - 1] + q], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
+        present = [H[k] + q, R[k] + q, P[k] + q]
+        if any(t < u <= end for u in graph.consumers[a]):
+            rows.add(present, [1.0, 1.0, 1.0], 1.0, np.inf)
+        for i in sorted(set(graph.nodes[a].inputs)):
+            if in_block[i] and not free[i]:
+                rows.add([H[k] + pos[i], R[k] + pos[i], P[k] + pos[i], R[k] + q], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
