@@ -64,17 +64,27 @@ def eviction_demands(graph: TrainingGraph, budget_bytes: float) -> list[tuple[in
     tensors do not fit. Stage t's live-across tensors are those before t, not read by t, read after t;
     what is left is the budget less node t's output and inputs."""
     b = graph.output_bytes_least.astype(float)  # (the least each output holds: the rows stay valid)
-    T = graph.n_nodes
-    last_use = np.array([max(users) if users else -1 for users in graph.consumers])
+    last_use = last_uses(graph)
     demands = []
-    for t in range(1, T - 1):
-        inputs = sorted(set(graph.nodes[t].inputs))
-        room = budget_bytes - b[t] - b[inputs].sum()
-        live = np.flatnonzero(last_use[:t] > t)
-        live = live[~np.isin(live, inputs)]
+    for t in range(1, graph.n_nodes - 1):
+        live, room = live_across(graph, t, budget_bytes, last_use)
         if b[live].sum() > room:
-            demands.append((t, live, float(room)))
+            demands.append((t, live, room))
     return demands
+
+
+def last_uses(graph: TrainingGraph) -> np.ndarray:
+    """Per tensor, the last node that reads it (-1 for none)."""
+    return np.array([max(users) if users else -1 for users in graph.consumers])
+
+
+def live_across(graph: TrainingGraph, t: int, budget_bytes: float, last_use: np.ndarray) -> tuple[np.ndarray, float]:
+    """Stage t's live-across tensors (before t, not read by t, read after t; ``last_use`` from :func:`last_uses`)
+    and the bytes the budget leaves them beside node t's output and inputs, at their least."""
+    b = graph.output_bytes_least
+    inputs = sorted(set(graph.nodes[t].inputs))
+    live = np.flatnonzero(last_use[:t] > t)
+    return live[~np.isin(live, inputs)], float(budget_bytes - float(b[t]) - float(b[inputs].sum()))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import scipy.sparse as sp
 
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph, min_footprint_bytes
-from poetlab.planners.poet.bounds import eviction_demands, proven_extra
+from poetlab.planners.poet.bounds import eviction_demands, last_uses, proven_extra
 from poetlab.planners.poet.idle_gaps import with_gap_rows
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.rows import SparseRows
@@ -105,7 +105,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
     can_recompute = movable & options.remat
     can_page = movable & options.paging
     inputs = [sorted(set(node.inputs)) for node in graph.nodes]
-    last_use = np.array([max(users) if users else -1 for users in graph.consumers])
+    last_use = last_uses(graph)
     stages = [t for t, _, _ in demands]
     rooms = [room - w[t] for t, _, room in demands]  # U[t, t] holds node t's workspace too
     m = len(stages)

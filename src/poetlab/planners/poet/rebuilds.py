@@ -37,8 +37,9 @@ import scipy.sparse as sp
 
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
-from poetlab.planners.poet.bounds import COVER_GAP, cover_problem, proven_extra
+from poetlab.planners.poet.bounds import COVER_GAP, cover_problem, last_uses, live_across, proven_extra
 from poetlab.planners.poet.milp import MilpOptions
+from poetlab.planners.poet.rows import SparseRows
 
 log = logging.getLogger("poetlab.bounds")
 
@@ -82,25 +83,6 @@ def _free(graph: TrainingGraph, t: int) -> np.ndarray:
     return free
 
 
-class _Rows:
-    """Sparse rows collected one at a time: lower <= sum coef * x[col] <= upper."""
-
-    def __init__(self) -> None:
-        self.data, self.rows, self.cols, self.lower, self.upper = [], [], [], [], []
-
-    def add(self, cols, coefs, lower: float, upper: float) -> None:
-        self.rows.extend([len(self.lower)] * len(cols))
-        self.cols.extend(int(c) for c in cols)
-        self.data.extend(float(c) for c in coefs)
-        self.lower.append(lower)
-        self.upper.append(upper)
-
-    def constraint(self, n_cols: int):
-        from scipy.optimize import LinearConstraint
-
-        return LinearConstraint(sp.csr_matrix((self.data, (self.rows, self.cols)), shape=(len(self.lower), n_cols)), np.array(self.lower), np.array(self.upper))
-
-
 def default_stages(graph: TrainingGraph, demands: list) -> list[int]:
     """The stages over budget from the backward pass's tightest one (the most bytes over its room) on, every
     ``REBUILD_STEP``-th, at most ``REBUILD_MAX_STAGES``: on BERT a backward stage of each layer (NOTE 23)."""
@@ -127,7 +109,7 @@ def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, 
 
     T, K, t1 = graph.n_nodes, len(stages), stages[0]
     b = graph.output_bytes_least.astype(float)
-    last_use = np.array([max(users) if users else -1 for users in graph.consumers])
+    last_use = last_uses(graph)
     targets = np.flatnonzero(last_use[:t1] > t1)
     block = _ancestors(graph, targets, t1)
     block = block[~graph.pinned[block]]
@@ -146,13 +128,13 @@ def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, 
     remat, paging = problem.upper[block], problem.upper[T + block]
     upper = np.concatenate([problem.upper, remat, paging, np.tile(np.concatenate([np.ones(n), remat, paging]), K)])
     constraints = [LinearConstraint(sp.hstack([c.A, sp.csr_matrix((c.A.shape[0], n_cols - 2 * T))]).tocsr(), c.lb, c.ub) for c in problem.constraints]
-    rows = _Rows()
+    rows = SparseRows()
     idx = np.arange(n)
     for q, a in enumerate(block):  # x <= w + sum r, y <= v + sum p, p <= y
-        rows.add([a, W + q, *[R[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
-        rows.add([T + a, V + q, *[P[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
+        rows.row([a, W + q, *[R[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
+        rows.row([T + a, V + q, *[P[k] + q for k in range(K)]], [1.0, -1.0, *[-1.0] * K], -np.inf, 0.0)
         for k in range(K):
-            rows.add([P[k] + q, T + a], [1.0, -1.0], -np.inf, 0.0)
+            rows.row([P[k] + q, T + a], [1.0, -1.0], -np.inf, 0.0)
     if options.runtime_budget_factor is not None:
         slack = (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s
         rt = costs.recompute_runtime_s[block]
@@ -163,11 +145,11 @@ def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, 
         coefs = [*costs.recompute_runtime_s[outside], *page_out, *rt, *pt, *np.tile(rt, K), *np.tile(pt, K)]
         if options.count_paging_time:
             cols, coefs = cols + list(T + block), coefs + list(costs.pageout_time_s[block])
-        rows.add(cols, coefs, -np.inf, slack)
+        rows.row(cols, coefs, -np.inf, slack)
     ends = [*stages[1:], T]
     for k, t in enumerate(stages):
         _stage_rows(graph, rows, k, t, stages[k - 1] if k else None, ends[k], block, in_block, problem.budget_bytes, H, R, P, last_use)
-    constraints.append(rows.constraint(n_cols))
+    constraints.append(LinearConstraint(rows.matrix(n_cols), rows.lower, rows.upper))
     result = milp(cost, constraints=constraints, integrality=np.ones(n_cols), bounds=Bounds(0.0, upper), options={"time_limit": time_limit_s, "mip_rel_gap": COVER_GAP})
     seconds = time.perf_counter() - started
     extra = None if result.status == 2 else proven_extra(result, COVER_GAP)
@@ -181,7 +163,7 @@ def rebuild_bound(graph: TrainingGraph, costs: CostModel, options: MilpOptions, 
     return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T])
 
 
-def _stage_rows(graph: TrainingGraph, rows: _Rows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:
+def _stage_rows(graph: TrainingGraph, rows: SparseRows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:
     """Stage t's rows (the k-th chosen; the next is ``end``): its memory, what is held across it carried from the
     stage before, each block tensor read in (t, end] present, each rerun in (t, end] with its inputs present."""
     T, n = graph.n_nodes, block.size
@@ -189,24 +171,21 @@ def _stage_rows(graph: TrainingGraph, rows: _Rows, k: int, t: int, prev: int | N
     free = _free(graph, t)
     pos = np.full(T, -1)
     pos[block] = np.arange(n)
-    room = budget - b[t] - b[sorted(set(graph.nodes[t].inputs))].sum()
-    live = np.flatnonzero(last_use[:t] > t)
-    live = live[~free[live] | graph.pinned[live]]
-    live = live[~np.isin(live, list(graph.nodes[t].inputs))]
+    live, room = live_across(graph, t, budget, last_use)
     held = block[~free[block]]
     outside = live[~in_block[live]]
     movable = outside[~graph.pinned[outside]]
     # held block tensors + live tensors outside the block not regenerated <= room
-    rows.add([*(H[k] + pos[held]), *movable, *(T + movable)], [*b[held], *(-b[movable]), *(-b[movable])], -np.inf, room - b[outside].sum())
+    rows.row([*(H[k] + pos[held]), *movable, *(T + movable)], [*b[held], *(-b[movable]), *(-b[movable])], -np.inf, room - b[outside].sum())
     before = None if prev is None else _free(graph, prev)
     for q, a in enumerate(block):
         if free[a]:
             continue
         if before is not None and not before[a]:  # held across t: held across the stage before, or back since
-            rows.add([H[k] + q, H[k - 1] + q, R[k - 1] + q, P[k - 1] + q], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
+            rows.row([H[k] + q, H[k - 1] + q, R[k - 1] + q, P[k - 1] + q], [1.0, -1.0, -1.0, -1.0], -np.inf, 0.0)
         present = [H[k] + q, R[k] + q, P[k] + q]
         if any(t < u <= end for u in graph.consumers[a]):
-            rows.add(present, [1.0, 1.0, 1.0], 1.0, np.inf)
+            rows.row(present, [1.0, 1.0, 1.0], 1.0, np.inf)
         for i in sorted(set(graph.nodes[a].inputs)):
             if in_block[i] and not free[i]:
-                rows.add([H[k] + pos[i], R[k] + pos[i], P[k] + pos[i], R[k] + q], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
+                rows.row([H[k] + pos[i], R[k] + pos[i], P[k] + pos[i], R[k] + q], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
