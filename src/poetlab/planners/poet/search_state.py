@@ -189,12 +189,13 @@ class SearchState:
 
     def rebuilds(self) -> None:
         """The rebuild bound (NOTE 23: the eviction bound with a rebuild's inputs charged at the backward pass's stages)
-        for 5% of the limit (0.5-1 s); it joins the eviction bound (``evicted_j`` too: the bound the relaxations must
-        raise). Its point, made a schedule (each tensor it regenerates evicted over its longest idle interval) and with
+        at its default stages and at the tight ones (NOTE 28), each for 5% of the limit (0.5-1 s); the better joins the
+        eviction bound (``evicted_j`` too: the bound the relaxations must raise). Its point, made a schedule (each tensor it regenerates evicted over its longest idle interval) and with
         recomputation its chain re-planned (NOTE 21), joins the starts."""
         graph, costs = self.graph, self.costs
         limit_s = min(REBUILD_MAX_S, max(REBUILD_MIN_S, REBUILD_SHARE * self.time_limit_s))
-        rebuilt = rebuild_bound(graph, costs, self.options, time_limit_s=limit_s)
+        # (from the stage most over budget, and at the stages with the least room: NOTE 28; the better one's point)
+        rebuilt = max((rebuild_bound(graph, costs, self.options, time_limit_s=limit_s, tight=tight) for tight in (False, True)), key=lambda found: found.bound_j)
         self.lower_bound = max(self.lower_bound, rebuilt.bound_j)
         self.evicted_j = max(self.evicted_j, rebuilt.bound_j)
         if rebuilt.recompute is None or self.options.charge_pagein:
