@@ -71,9 +71,9 @@ def test_exclude_starts_leaves_the_named_quick_starts_out(caplog):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="poetlab.poet_solver"):
             result = solve(graph, costs, budget, 2.0, time_limit_s=4, **kwargs)
-        # (the repair's schedules are made from these starts, and the rebuild bound's from its point (NOTE 23), so they
-        # are not quick starts of their own)
-        later = {"repaired", "rebuild bound's point", "chain plan of the rebuild bound's point"}
+        # (the repair's schedules are made from these starts, and the rebuild bound's from its point (NOTE 23, 27), so
+        # they are not quick starts of their own)
+        later = {"repaired", "rebuild bound's point", "chain plan of the rebuild bound's point", "rebuild bound's point by intervals"}
         return result, [name for r in caplog.records if " start: " in r.getMessage() and (name := r.getMessage().split(" start: ")[0]) not in later]
 
     everything, names = started()
@@ -227,11 +227,13 @@ def test_far_from_the_bound_the_interval_relaxation_runs_first_and_the_stage_rel
     assert result.status == "optimal" and result.energy_j == pytest.approx(replay(result.schedule).energy_j)
 
 
-def test_near_the_bound_the_interval_relaxation_from_the_best_start_certifies_in_its_share(caplog):
+def test_near_the_bound_the_interval_relaxation_from_the_best_start_certifies_in_its_share(caplog, monkeypatch):
     """vgg16_cifar on the M4 at 10%, 1.05x: the best start is 0.2% above the eviction bound. There the interval
     relaxation (without the kept-through and idle-gap rows), started from the best start, takes the stage relaxation's
     place (NOTE 13) and is solved to its optimum, 1.002075 plain steps, in about a second (the stage relaxation: 3-9 s,
-    NOTE 3); its schedule replays at it."""
+    NOTE 3); its schedule replays at it. (The rebuild rounds, NOTE 27, certify it before, so they are left out here:
+    ``test_rebuild_rounds.py`` has the row with them.)"""
+    monkeypatch.setattr("poetlab.planners.poet.search_state.rounds", lambda *args, **kwargs: iter(()))
     graph, costs, options, replay, _ = grid_instance("vgg16_cifar", "m4", 0.1, 1.05)
     result, ran, messages = _phases(caplog, graph, costs, options, 1.05, 10)
     assert ran == {"warm interval"} and not any("the interval relaxation first" in m for m in messages)
@@ -279,6 +281,7 @@ def test_a_large_graph_left_too_little_time_returns_its_best_start_without_a_mil
     _replays(large, graph, costs)
     small, small_costs, peak = _setup(convnet(), "m4")
     assert small.n_nodes < 100
+    # (the trivial bound leaves it to the MILP: the rebuild bound's tight stages and rounds certify it without one)
     result = solve(small, small_costs, 0.5 * peak, 2.0, time_limit_s=1.0, bound="trivial")
     assert result.solver in ("highs", "gurobi") and result.status == "optimal", result.message
 

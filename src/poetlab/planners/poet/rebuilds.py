@@ -56,13 +56,21 @@ TIGHT_STAGES = 6
 class RebuildBound:
     """The rebuild bound (J; one plain step where nothing is proven), the stages that got the rows, and its best
     point's choice per tensor: recomputed at least once, paged in at least once (None without a point). The point
-    made a schedule and its chain re-planned is a start (NOTE 23: it holds the layers' linears, not the skip-adds)."""
+    made a schedule and its chain re-planned is a start (NOTE 23: it holds the layers' linears, not the skip-adds).
+    ``block`` and ``held``, ``rerun``, ``paged`` (one row per stage, one column per block tensor: h, r, p of the
+    module docstring) are the point's choices per interval, which :mod:`poetlab.planners.poet.rebuild_rounds` makes
+    a schedule of (NOTE 27); ``optimal``: HiGHS proved the point optimal."""
 
     bound_j: float
     stages: tuple[int, ...] = ()
     seconds: float = 0.0
     recompute: np.ndarray | None = None
     page: np.ndarray | None = None
+    block: np.ndarray | None = None
+    held: np.ndarray | None = None
+    rerun: np.ndarray | None = None
+    paged: np.ndarray | None = None
+    optimal: bool = False
 
 
 def _ancestors(graph: TrainingGraph, targets: np.ndarray, below: int) -> np.ndarray:
@@ -181,8 +189,10 @@ def rebuild_bound(
         return RebuildBound(bound, tuple(stages), seconds)
     chosen = np.asarray(result.x).round().astype(bool)
     recompute = chosen[:T].copy()
-    recompute[block] |= chosen[W : W + n] | chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)[:, 1].any(axis=0)
-    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T])
+    per_stage = chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)
+    recompute[block] |= chosen[W : W + n] | per_stage[:, 1].any(axis=0)
+    held, rerun, paged = per_stage[:, 0], per_stage[:, 1], per_stage[:, 2]
+    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T], block, held, rerun, paged, result.status == 0)
 
 
 def _stage_rows(graph: TrainingGraph, rows: SparseRows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:

@@ -30,6 +30,7 @@ from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.primal import cover_restricted
+from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds
 from poetlab.planners.poet.rebuilds import rebuild_bound
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, repair_all
@@ -41,6 +42,10 @@ log = logging.getLogger("poetlab.poet_solver")  # (the solver's logger: these ar
 #: bound stands): 0.2-0.6 s to its optimum on bert_seq8/m4 at 0 and 0.5; 3 s cost bert/m4/0/2x and resnet18_cifar/m4/0/2x
 #: time they needed and proved nothing there
 REBUILD_SHARE, REBUILD_MIN_S, REBUILD_MAX_S = 0.05, 0.5, 1.0
+#: the rounds that add the stages a point's schedule is over RAM at (NOTE 27) get this share of the limit, at most
+#: these many seconds: 1.0-1.3 s for bert_seq8/m4/0/2x's second round (24 stages), 5.3 s for resnet18_cifar/m4/0.2/1.2x's
+#: second and third
+ROUNDS_SHARE, ROUNDS_MAX_S = 0.1, 6.0
 
 
 @dataclass
@@ -190,8 +195,12 @@ class SearchState:
     def rebuilds(self) -> None:
         """The rebuild bound (NOTE 23: the eviction bound with a rebuild's inputs charged at the backward pass's stages)
         at its default stages and at the tight ones (NOTE 28), each for 5% of the limit (0.5-1 s); the better joins the
-        eviction bound (``evicted_j`` too: the bound the relaxations must raise). Its point, made a schedule (each tensor it regenerates evicted over its longest idle interval) and with
-        recomputation its chain re-planned (NOTE 21), joins the starts."""
+        eviction bound (``evicted_j`` too: the bound the relaxations must raise). Its point made schedules joins the
+        starts: each tensor it regenerates evicted over its longest idle interval, with recomputation its chain
+        re-planned (NOTE 21), and the point followed interval by interval (NOTE 27; one over a budget is dropped: it did
+        not pay in the second repair, whose time it shared, on bert/m4/0/2x). Where that bound was solved and nothing
+        certifies, the bound again with the stages the point's schedule is over RAM at
+        (:func:`~poetlab.planners.poet.rebuild_rounds.rounds`, 10% of the limit, at most 6 s)."""
         graph, costs = self.graph, self.costs
         limit_s = min(REBUILD_MAX_S, max(REBUILD_MIN_S, REBUILD_SHARE * self.time_limit_s))
         # (from the stage most over budget, and at the stages with the least room: NOTE 28; the better one's point)
@@ -206,6 +215,17 @@ class SearchState:
             planned = chain_plan(graph, costs, self.ram_budget_bytes, seed, self.fixed_bytes, time_limit_s=max(0.1, min(REBUILD_MAX_S, self.left_s())))
             if planned is not None:
                 self.take("chain plan of the rebuild bound's point", planned, reject=False)
+        self.take("rebuild bound's point by intervals", point_schedule(graph, rebuilt, self.options.remat), reject=False)
+        share_s = min(ROUNDS_MAX_S, ROUNDS_SHARE * self.time_limit_s, self.left_s())
+        if self.proven() or share_s <= 0:
+            return
+        for bound, schedule in rounds(graph, costs, self.options, rebuilt, self.ram_budget_bytes - self.fixed_bytes, share_s):
+            self.lower_bound = max(self.lower_bound, bound.bound_j)
+            self.evicted_j = max(self.evicted_j, bound.bound_j)
+            log.info("rebuild bound with the stages its point's schedule is over RAM at: %.6f x one plain step", self.lower_bound / costs.plain_step_energy_j)
+            self.take("rebuild bound's point by intervals", schedule, reject=False)
+            if self.proven():
+                return
 
     def cover_restricted(self, share_s: float, max_columns: int) -> None:
         """The interval relaxation restricted to the eviction cover's recomputations (NOTE 18) for ``share_s``, stopped

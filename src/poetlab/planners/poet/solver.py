@@ -10,7 +10,8 @@ The steps, each cheap before the expensive one:
    bound and is optimal: a certificate, with no MILP to solve.
 4. Otherwise prove the eviction bound (:mod:`poetlab.planners.poet.bounds`); a quick schedule within the gap of it is
    optimal. Else (after the repair and the chain plans) the rebuild bound (:mod:`poetlab.planners.poet.rebuilds`) joins
-   it and its point, made a schedule and chain-planned, the starts; where the best start is near the bound and the bound's cover fills the runtime budget's slack with
+   it and its point, made a schedule and chain-planned, the starts (where that schedule is over RAM between the bound's
+   stages, the bound again with those: :mod:`poetlab.planners.poet.rebuild_rounds`); where the best start is near the bound and the bound's cover fills the runtime budget's slack with
    recomputations, the interval relaxation restricted to them gives a schedule (:mod:`poetlab.planners.poet.primal`);
    then, where the best start is near the bound, solve the interval relaxation
    (:mod:`poetlab.planners.poet.intervals`, without its kept-through and idle-gap rows) from the best start

@@ -1,0 +1,126 @@
+"""The rebuild bound's point made a schedule interval by interval, and the stages it breaks added to the bound (NOTE 27
+in docs/solve.md).
+
+The rebuild bound (:mod:`poetlab.planners.poet.rebuilds`, NOTE 23) decides, for each tensor of its block and each
+interval (t_k, t_k+1] between its chosen stages, whether it is held across t_k, rebuilt in the interval or paged in
+for it. :func:`point_schedule` follows those decisions: a block tensor leaves RAM after its last read up to the first
+chosen stage (paged out there where the point pages it), and in each interval where something reads it (a backward
+node, or the rerun of a tensor it is an input of) it is held on from before where the point holds it (or decides
+nothing), paged in just before its first such read (where it is not in RAM then), or rerun at that read (held on
+without recomputation), and held to the last read of the interval. Every other tensor follows the covers' rule
+(:func:`~poetlab.planners.poet.bounds.evict_schedule`). The earlier seed,
+:func:`~poetlab.planners.poet.bounds.evict_schedule` of the tensors the point regenerates, evicts each over its
+longest idle interval, so a backward stage rebuilt a layer's whole chain at once (bert_seq8/m4/0/2x: over RAM at stage
+102); this one rebuilds a layer from what the point pages in.
+
+The bound checks memory only at its chosen stages, so the point's schedule can be over RAM between them (on
+bert_seq8/m4/0/2x by one qk_t at the stage after each chosen one: the qkv paged in for the layer's rebuild is held
+beside it). :func:`over_stages` finds those stages (the MILP's accounting, :func:`~poetlab.planners.heuristics.stage_peaks`)
+and :func:`rounds` solves the bound again with them added: the bound is valid at any stages, so each round's is a
+bound, and a point that holds more there (bert_seq8/m4/0/2x: the qkv across stage 102, qk_t and qk_t_v rebuilt twice)
+makes a schedule that fits (there 1.213014 plain steps, the new bound 1.213013: optimal, where the first round's
+1.211081 left a 0.26% gap to the best schedule a repair found).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from poetlab.core.costs import CostModel
+from poetlab.core.graph import TrainingGraph
+from poetlab.core.schedule import Schedule
+from poetlab.planners.heuristics import minimal_recompute, stage_peaks
+from poetlab.planners.poet.bounds import evict_schedule
+from poetlab.planners.poet.milp import MilpOptions
+from poetlab.planners.poet.rebuilds import RebuildBound, rebuild_bound
+
+#: at most this many rounds after the first (each adds the stages the last point's schedule is over RAM at)
+MAX_ROUNDS = 3
+
+#: a round runs only where the time left is this many times the round before's: a round about doubles the stages and
+#: took 5-8 times as long (bert_seq8/m4/0/2x 0.18 s then 1.05 s; resnet18_cifar/m4/0.2/1.2x 0.49-0.74 s then 3.9 s),
+#: and a round stopped by the time limit rarely gives a schedule that fits
+ROUND_GROWTH = 6.0
+
+
+def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True) -> Schedule | None:
+    """The rebuild bound's point made a schedule interval by interval (module docstring); None without a point. Without
+    ``remat`` (recomputation not allowed) a tensor the point pages in where a page-in cannot be placed is held on."""
+    if bound.held is None or not bound.stages:
+        return None
+    T = graph.n_nodes
+    block = [int(a) for a in bound.block]
+    in_block = np.zeros(T, dtype=bool)
+    in_block[block] = True
+    outside = evict_schedule(graph, bound.recompute & ~in_block, bound.page & ~in_block).matrices()
+    S_RAM, S_SSD, M_IN, M_OUT = outside.S_RAM.copy(), outside.S_SSD.copy(), outside.M_IN.copy(), outside.M_OUT.copy()
+    stages, t1 = list(bound.stages), bound.stages[0]
+    ends = [*stages[1:], T]
+    interval = np.full(T + 1, -1)
+    for k, t in enumerate(stages):
+        interval[t + 1 : ends[k] + 1] = k
+    uses = [sorted(set(users)) for users in graph.consumers]
+    reruns: dict[int, list[int]] = {}  # a tensor's rerun stages, so its inputs are there (consumers come first)
+    for q in sorted(range(len(block)), key=lambda q: -block[q]):
+        a = block[q]
+        last_early = max([u for u in uses[a] if u <= t1], default=a)
+        reads = sorted({u for u in uses[a] if u > t1} | {s for c in uses[a] for s in reruns.get(c, ()) if s > t1})
+        S_RAM[last_early + 1 :, a] = False
+        groups: dict[int, list[int]] = {}
+        for s in reads:
+            groups.setdefault(int(interval[s]), []).append(s)
+        present_to, paged_out = last_early, False
+        for k, stage_reads in sorted(groups.items()):
+            first, last = stage_reads[0], stage_reads[-1]
+            since = int(interval[present_to + 1]) if present_to >= t1 else 0
+            held = all(bound.held[j, q] for j in range(max(since, 0), k + 1))
+            decided = bound.held[k, q] or bound.rerun[k, q] or bound.paged[k, q]
+            page = bound.paged[k, q] and first - last_early >= 3 and present_to < first - 1  # (out after last_early, in at first - 1)
+            if held or not decided or not (page or remat):  # (no decision: a read beside node t_k; held on)
+                S_RAM[present_to + 1 : last + 1, a] = True
+            elif page:
+                if not paged_out:
+                    S_RAM[last_early + 1, a] = M_OUT[last_early + 1, a] = paged_out = True
+                M_IN[first - 1, a] = True
+                S_SSD[last_early + 2 : first, a] = True
+                S_RAM[first : last + 1, a] = True
+            else:  # rerun at its first read in the interval, held to its last
+                S_RAM[first + 1 : last + 1, a] = True
+                reruns.setdefault(a, []).append(first)
+            present_to = last
+    return Schedule.from_matrices(graph, minimal_recompute(graph, S_RAM, M_IN), S_RAM, S_SSD, M_IN, M_OUT)
+
+
+def over_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float) -> list[int]:
+    """The stages whose peak (the MILP's accounting) exceeds ``tensor_bytes``: where a point's schedule breaks."""
+    matrices = schedule.matrices()
+    return [int(t) for t in np.flatnonzero(stage_peaks(graph, matrices.R, matrices.S_RAM) > tensor_bytes + 1e-6)]
+
+
+def rounds(
+    graph: TrainingGraph, costs: CostModel, options: MilpOptions, first: RebuildBound, tensor_bytes: float, time_limit_s: float,
+) -> Iterator[tuple[RebuildBound, Schedule]]:
+    """From a first bound solved to optimality: the bound again with the stages its point's schedule is over RAM at
+    (those from the first chosen stage on, so the block stays), each round's bound and point's schedule yielded,
+    until a schedule fits, a round has no point, or what is left of ``time_limit_s`` (all rounds) is under
+    ``ROUND_GROWTH`` times the last round's time. A round stopped by the time limit gives its dual bound and its
+    incumbent's point."""
+    if not first.optimal:  # (a first round that needs its whole share, as on bert/m4/0 or the ResNets at 0: no rounds)
+        return
+    deadline = time.perf_counter() + time_limit_s
+    bound = first
+    for _ in range(MAX_ROUNDS):
+        seed = point_schedule(graph, bound, options.remat)
+        if seed is None:
+            return
+        added = [t for t in over_stages(graph, seed, tensor_bytes) if t > bound.stages[0] and t not in bound.stages]
+        left = deadline - time.perf_counter()
+        if not added or left < ROUND_GROWTH * bound.seconds:
+            return
+        bound = rebuild_bound(graph, costs, options, time_limit_s=left, stages=sorted({*bound.stages, *added}))
+        schedule = point_schedule(graph, bound, options.remat)
+        if schedule is not None:
+            yield bound, schedule
