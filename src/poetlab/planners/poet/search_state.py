@@ -42,6 +42,9 @@ log = logging.getLogger("poetlab.poet_solver")  # (the solver's logger: these ar
 #: bound stands): 0.2-0.6 s to its optimum on bert_seq8/m4 at 0 and 0.5; 3 s cost bert/m4/0/2x and resnet18_cifar/m4/0/2x
 #: time they needed and proved nothing there
 REBUILD_SHARE, REBUILD_MIN_S, REBUILD_MAX_S = 0.05, 0.5, 1.0
+#: the rebuild bound at the stages of least room (NOTE 28) as well only with a limit of this many seconds or more: each
+#: bound takes its 0.5 s least, and at `--time-limit 1` both made resnet50's solve 3.3 s of wall time (issue 28: 4 s at most)
+TIGHT_MIN_LIMIT_S = 5.0
 #: the rounds that add the stages a point's schedule is over RAM at (NOTE 27) get this share of the limit, at most
 #: these many seconds: 1.0-1.3 s for bert_seq8/m4/0/2x's second round (24 stages), 5.3 s for resnet18_cifar/m4/0.2/1.2x's
 #: second and third
@@ -194,9 +197,9 @@ class SearchState:
 
     def rebuilds(self) -> None:
         """The rebuild bound (NOTE 23: the eviction bound with a rebuild's inputs charged at the backward pass's stages)
-        at its default stages and at the tight ones (NOTE 28), each for 5% of the limit (0.5-1 s); the better joins the
-        eviction bound (``evicted_j`` too: the bound the relaxations must raise). Its point made schedules joins the
-        starts: each tensor it regenerates evicted over its longest idle interval, with recomputation its chain
+        at its default stages and, with a limit of 5 s or more, at the tight ones (NOTE 28), each for 5% of the limit
+        (0.5-1 s); the better joins the eviction bound (``evicted_j`` too: the bound the relaxations must raise). Its
+        point made schedules joins the starts: each tensor it regenerates evicted over its longest idle interval, with recomputation its chain
         re-planned (NOTE 21), and the point followed interval by interval (NOTE 27; one over a budget is dropped: it did
         not pay in the second repair, whose time it shared, on bert/m4/0/2x). Where that bound was solved and nothing
         certifies, the bound again with the stages the point's schedule is over RAM at
@@ -204,7 +207,8 @@ class SearchState:
         graph, costs = self.graph, self.costs
         limit_s = min(REBUILD_MAX_S, max(REBUILD_MIN_S, REBUILD_SHARE * self.time_limit_s))
         # (from the stage most over budget, and at the stages with the least room: NOTE 28; the better one's point)
-        rebuilt = max((rebuild_bound(graph, costs, self.options, time_limit_s=limit_s, tight=tight) for tight in (False, True)), key=lambda found: found.bound_j)
+        choices = (False, True) if self.time_limit_s >= TIGHT_MIN_LIMIT_S else (False,)
+        rebuilt = max((rebuild_bound(graph, costs, self.options, time_limit_s=limit_s, tight=tight) for tight in choices), key=lambda found: found.bound_j)
         self.lower_bound = max(self.lower_bound, rebuilt.bound_j)
         self.evicted_j = max(self.evicted_j, rebuilt.bound_j)
         if rebuilt.recompute is None or self.options.charge_pagein:
