@@ -269,8 +269,8 @@ def test_a_large_graph_left_too_little_time_returns_its_best_start_without_a_mil
     """Past the quick starts with under ``MILP_MIN_LEFT_S`` left, POET's MILP on a graph of 100 nodes or more
     cannot even be presolved (HiGHS was stopped after 1.5 s with nothing new on resnet50): the solve returns
     its best start as ``time_limit`` (solver ``bound``: no MILP ran) instead of starting one past its limit.
-    A small graph at the same limit still gets its MILP, which proves its optimum (with the trivial bound: the rebuild
-    bound at its tight stages meets this one's optimum, so `solve` would certify it without a MILP, NOTE 28)."""
+    A small graph at the same limit still gets its MILP, which proves its optimum (with the trivial bound, so that no
+    bound phase certifies it first: the rebuild bound can meet this one's optimum, NOTE 27, 28)."""
     from poetlab.planners.poet.solver import MILP_MIN_LEFT_S
 
     graph, costs, options, _, _ = grid_instance("resnet18_cifar", "m4", 0.0, 2.0)
@@ -281,7 +281,6 @@ def test_a_large_graph_left_too_little_time_returns_its_best_start_without_a_mil
     _replays(large, graph, costs)
     small, small_costs, peak = _setup(convnet(), "m4")
     assert small.n_nodes < 100
-    # (the trivial bound leaves it to the MILP: the rebuild bound's tight stages and rounds certify it without one)
     result = solve(small, small_costs, 0.5 * peak, 2.0, time_limit_s=1.0, bound="trivial")
     assert result.solver in ("highs", "gurobi") and result.status == "optimal", result.message
 
