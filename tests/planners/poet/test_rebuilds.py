@@ -39,8 +39,7 @@ def _bounds_and_optimum(graph, platform, fraction, levers):
     plain = costs.plain_step_energy_j
     exact = run_milp(build_milp(graph, costs, options), solver="highs", mip_gap=1e-7, threads=1)
     evicted = eviction_bound(graph, costs, options) / plain
-    rebuilt = [rebuild_bound(graph, costs, options, stages=stages).bound_j / plain for stages in (None, _every_backward_stage(graph, costs, options))]
-    rebuilt.append(rebuild_bound(graph, costs, options, tight=True).bound_j / plain)
+    rebuilt = [rebuild_bound(graph, costs, options, stages=stages).bound_j / plain for stages in (default_stages, _every_backward_stage(graph, costs, options), tight_stages)]
     return exact, evicted, rebuilt, plain
 
 
@@ -134,7 +133,7 @@ def test_at_resnet50s_smallest_footprint_the_tight_stages_leave_no_room_and_rais
     assert all(t in rooms and (rooms[t] == 0 or rooms.get(t - 1) == 0 or rooms.get(t + 1) == 0) for t in stages)
     evicted = eviction_bound(graph, costs, options)
     default = rebuild_bound(graph, costs, options, time_limit_s=10.0)
-    tight = rebuild_bound(graph, costs, options, time_limit_s=10.0, tight=True)
+    tight = rebuild_bound(graph, costs, options, time_limit_s=10.0, stages=tight_stages)
     assert tight.stages == tuple(stages)
     assert default.bound_j <= evicted * (1 + 1e-4) < tight.bound_j * (1 - 4e-4)
     result = solve(graph, costs, budget, 2.0, mip_gap=1e-3, threads=1, time_limit_s=20.0)

@@ -33,7 +33,7 @@ from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import Schedule
 from poetlab.planners.heuristics import minimal_recompute, stage_peaks
-from poetlab.planners.poet.bounds import evict_schedule
+from poetlab.planners.poet.bounds import CoverProblem, evict_schedule
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.rebuilds import RebuildBound, rebuild_bound
 
@@ -102,25 +102,25 @@ def over_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float) -
 
 def rounds(
     graph: TrainingGraph, costs: CostModel, options: MilpOptions, first: RebuildBound, tensor_bytes: float, time_limit_s: float,
+    problem: CoverProblem | None = None,
 ) -> Iterator[tuple[RebuildBound, Schedule]]:
     """From a first bound solved to optimality: the bound again with the stages its point's schedule is over RAM at
     (those from the first chosen stage on, so the block stays), each round's bound and point's schedule yielded,
     until a schedule fits, a round has no point, or what is left of ``time_limit_s`` (all rounds) is under
     ``ROUND_GROWTH`` times the last round's time. A round stopped by the time limit gives its dual bound and its
-    incumbent's point."""
+    incumbent's point. ``problem``: the covering problem the first bound was built on, where the caller has it."""
     if not first.optimal:  # (a first round that needs its whole share, as on bert/m4/0 or the ResNets at 0: no rounds)
         return
     deadline = time.perf_counter() + time_limit_s
-    bound = first
+    bound, schedule = first, point_schedule(graph, first, options.remat)
     for _ in range(MAX_ROUNDS):
-        seed = point_schedule(graph, bound, options.remat)
-        if seed is None:
+        if schedule is None:
             return
-        added = [t for t in over_stages(graph, seed, tensor_bytes) if t > bound.stages[0] and t not in bound.stages]
+        added = [t for t in over_stages(graph, schedule, tensor_bytes) if t > bound.stages[0] and t not in bound.stages]
         left = deadline - time.perf_counter()
         if not added or left < ROUND_GROWTH * bound.seconds:
             return
-        bound = rebuild_bound(graph, costs, options, time_limit_s=left, stages=sorted({*bound.stages, *added}))
+        bound = rebuild_bound(graph, costs, options, time_limit_s=left, stages=sorted({*bound.stages, *added}), problem=problem)
         schedule = point_schedule(graph, bound, options.remat)
         if schedule is not None:
             yield bound, schedule

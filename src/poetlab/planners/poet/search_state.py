@@ -24,14 +24,14 @@ from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 from poetlab.planners.poet.backends import relative_gap
-from poetlab.planners.poet.bounds import EvictionCover, evict_schedule, eviction_cover
+from poetlab.planners.poet.bounds import EvictionCover, cover_problem, evict_schedule, eviction_cover
 from poetlab.planners.poet.chain import chain_plan
 from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.primal import cover_restricted
 from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds
-from poetlab.planners.poet.rebuilds import rebuild_bound
+from poetlab.planners.poet.rebuilds import default_stages, rebuild_bound, tight_stages
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, repair_all
 from poetlab.planners.poet.starts import best_start, better
@@ -205,10 +205,13 @@ class SearchState:
         certifies, the bound again with the stages the point's schedule is over RAM at
         (:func:`~poetlab.planners.poet.rebuild_rounds.rounds`, 10% of the limit, at most 6 s)."""
         graph, costs = self.graph, self.costs
+        problem = None if self.options.compression else cover_problem(graph, costs, self.options)
+        if problem is None:  # (no stage over budget, or compression: the rebuild bound proves nothing)
+            return
         limit_s = min(REBUILD_MAX_S, max(REBUILD_MIN_S, REBUILD_SHARE * self.time_limit_s))
         # (from the stage most over budget, and at the stages with the least room: NOTE 28; the better one's point)
-        choices = (False, True) if self.time_limit_s >= TIGHT_MIN_LIMIT_S else (False,)
-        rebuilt = max((rebuild_bound(graph, costs, self.options, time_limit_s=limit_s, tight=tight) for tight in choices), key=lambda found: found.bound_j)
+        pickers = (default_stages, tight_stages) if self.time_limit_s >= TIGHT_MIN_LIMIT_S else (default_stages,)
+        rebuilt = max((rebuild_bound(graph, costs, self.options, limit_s, pick, problem) for pick in pickers), key=lambda found: found.bound_j)
         self.lower_bound = max(self.lower_bound, rebuilt.bound_j)
         self.evicted_j = max(self.evicted_j, rebuilt.bound_j)
         if rebuilt.recompute is None or self.options.charge_pagein:
@@ -223,10 +226,10 @@ class SearchState:
         share_s = min(ROUNDS_MAX_S, ROUNDS_SHARE * self.time_limit_s, self.left_s())
         if self.proven() or share_s <= 0:
             return
-        for bound, schedule in rounds(graph, costs, self.options, rebuilt, self.ram_budget_bytes - self.fixed_bytes, share_s):
+        for bound, schedule in rounds(graph, costs, self.options, rebuilt, self.ram_budget_bytes - self.fixed_bytes, share_s, problem):
             self.lower_bound = max(self.lower_bound, bound.bound_j)
             self.evicted_j = max(self.evicted_j, bound.bound_j)
-            log.info("rebuild bound with the stages its point's schedule is over RAM at: %.6f x one plain step", self.lower_bound / costs.plain_step_energy_j)
+            log.info("rebuild bound with the stages its point's schedule is over RAM at: %.6f x one plain step", bound.bound_j / costs.plain_step_energy_j)
             self.take("rebuild bound's point by intervals", schedule, reject=False)
             if self.proven():
                 return
