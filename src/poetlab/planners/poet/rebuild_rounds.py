@@ -20,6 +20,10 @@ and :func:`rounds` solves the bound again with them added: the bound is valid at
 bound, and a point that holds more there (bert_seq8/m4/0/2x: the qkv across stage 102, qk_t and qk_t_v rebuilt twice)
 makes a schedule that fits (there 1.213014 plain steps, the new bound 1.213013: optimal, where the first round's
 1.211081 left a 0.26% gap to the best schedule a repair found).
+
+``point_schedule(..., settled=True)`` (NOTE 29) also evicts a block tensor in the forward pass where the point
+regenerates it, and holds a tensor on into an interval whose first read is the stage after it was last in RAM: the
+seed :func:`~poetlab.planners.poet.coherence.coherent_schedule` makes coherent (resnet50/jetsontx2/0/2x).
 """
 
 from __future__ import annotations
@@ -46,9 +50,16 @@ MAX_ROUNDS = 3
 ROUND_GROWTH = 6.0
 
 
-def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True) -> Schedule | None:
+def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True, settled: bool = False) -> Schedule | None:
     """The rebuild bound's point made a schedule interval by interval (module docstring); None without a point. Without
-    ``remat`` (recomputation not allowed) a tensor the point pages in where a page-in cannot be placed is held on."""
+    ``remat`` (recomputation not allowed) a tensor the point pages in where a page-in cannot be placed is held on.
+
+    ``settled`` (NOTE 29): a block tensor the point regenerates also leaves RAM over its longest idle interval before
+    the first chosen stage where that interval ends by it (else it is held from its computation to its last read up to
+    there: resnet50/jetsontx2/0's 3 MB skip-add 32, read at stage 302, over RAM at forward stage 62), and a tensor in RAM
+    in the stage before its first read of an interval is held on instead of rerun there (the rerun's inputs cascade:
+    a convolution rerun at 324 held the ReLU it reads from stage 10 on). Not in the rounds: on bert_seq8/m4/0/2x their
+    second point fits only with its rerun of qk_t_v at stage 103, which frees stage 102 (NOTE 27)."""
     if bound.held is None or not bound.stages:
         return None
     T = graph.n_nodes
@@ -66,20 +77,23 @@ def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True
     reruns: dict[int, list[int]] = {}  # a tensor's rerun stages, so its inputs are there (consumers come first)
     for q in sorted(range(len(block)), key=lambda q: -block[q]):
         a = block[q]
-        last_early = max([u for u in uses[a] if u <= t1], default=a)
+        early = [u for u in uses[a] if u <= t1]
+        last_early = max(early, default=a)
         reads = sorted({u for u in uses[a] if u > t1} | {s for c in uses[a] for s in reruns.get(c, ()) if s > t1})
         S_RAM[last_early + 1 :, a] = False
+        if settled and early and (bound.recompute[a] or bound.page[a]):
+            _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a, [a, *early, *reads[:1]], t1, bool(bound.page[a]), remat, reruns)
         groups: dict[int, list[int]] = {}
         for s in reads:
             groups.setdefault(int(interval[s]), []).append(s)
-        present_to, paged_out = last_early, False
+        present_to, paged_out = last_early, bool(M_OUT[:, a].any())
         for k, stage_reads in sorted(groups.items()):
             first, last = stage_reads[0], stage_reads[-1]
             since = int(interval[present_to + 1]) if present_to >= t1 else 0
             held = all(bound.held[j, q] for j in range(max(since, 0), k + 1))
             decided = bound.held[k, q] or bound.rerun[k, q] or bound.paged[k, q]
             page = bound.paged[k, q] and first - last_early >= 3 and present_to < first - 1  # (out after last_early, in at first - 1)
-            if held or not decided or not (page or remat):  # (no decision: a read beside node t_k; held on)
+            if held or not decided or not (page or remat) or (settled and present_to >= first - 1):  # (no decision: a read beside node t_k; held on)
                 S_RAM[present_to + 1 : last + 1, a] = True
             elif page:
                 if not paged_out:
@@ -92,6 +106,23 @@ def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True
                 reruns.setdefault(a, []).append(first)
             present_to = last
     return Schedule.from_matrices(graph, minimal_recompute(graph, S_RAM, M_IN), S_RAM, S_SSD, M_IN, M_OUT)
+
+
+def _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a: int, points: list[int], t1: int, page: bool, remat: bool, reruns: dict[int, list[int]]) -> None:
+    """Block tensor ``a`` out of RAM over its longest idle interval between ``points`` (its computation, its reads up to
+    the first chosen stage ``t1`` and its first read after it) where that interval ends by ``t1``: paged out and in
+    (``page``) or recomputed at its end (the covers' rule, :func:`~poetlab.planners.poet.bounds.evict_schedule`)."""
+    k = int(np.argmax(np.diff(points)))
+    previous, following = points[k], points[k + 1]
+    if following - previous < 3 or following > t1:
+        return
+    if page:
+        S_RAM[previous + 2 : following, a] = False
+        M_OUT[previous + 1, a] = M_IN[following - 1, a] = True
+        S_SSD[previous + 2 : following, a] = True
+    elif remat:
+        S_RAM[previous + 1 : following, a] = False
+        reruns.setdefault(a, []).append(following)
 
 
 def over_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float) -> list[int]:

@@ -60,7 +60,8 @@ class RebuildBound:
     made a schedule and its chain re-planned is a start (NOTE 23: it holds the layers' linears, not the skip-adds).
     ``block`` and ``held``, ``rerun``, ``paged`` (one row per stage, one column per block tensor: h, r, p of the
     module docstring) are the point's choices per interval, which :mod:`poetlab.planners.poet.rebuild_rounds` makes
-    a schedule of (NOTE 27); ``optimal``: HiGHS proved the point optimal."""
+    a schedule of (NOTE 27); ``optimal``: HiGHS proved the point optimal; ``point_j``: the point's own value (J), which
+    a solve stopped at its time limit leaves above the bound (NOTE 29 makes a schedule of a point near it)."""
 
     bound_j: float
     stages: tuple[int, ...] = ()
@@ -72,6 +73,7 @@ class RebuildBound:
     rerun: np.ndarray | None = None
     paged: np.ndarray | None = None
     optimal: bool = False
+    point_j: float | None = None
 
 
 def _ancestors(graph: TrainingGraph, targets: np.ndarray, below: int) -> np.ndarray:
@@ -197,7 +199,8 @@ def rebuild_bound(
     per_stage = chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)
     recompute[block] |= chosen[W : W + n] | per_stage[:, 1].any(axis=0)
     held, rerun, paged = per_stage[:, 0], per_stage[:, 1], per_stage[:, 2]
-    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T], block, held, rerun, paged, result.status == 0)
+    point_j = trivial * (1.0 + float(result.fun)) if result.fun is not None else None
+    return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T], block, held, rerun, paged, result.status == 0, point_j)
 
 
 def _stage_rows(graph: TrainingGraph, rows: SparseRows, k: int, t: int, prev: int | None, end: int, block: np.ndarray, in_block: np.ndarray, budget: float, H, R, P, last_use) -> None:

@@ -24,14 +24,15 @@ from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import InvalidScheduleError, Schedule, SimulationResult, simulate
 from poetlab.planners.poet.backends import relative_gap
-from poetlab.planners.poet.bounds import EvictionCover, cover_problem, evict_schedule, eviction_cover
+from poetlab.planners.poet.bounds import CoverProblem, EvictionCover, cover_problem, evict_schedule, eviction_cover
 from poetlab.planners.poet.chain import chain_plan
+from poetlab.planners.poet.coherence import coherent_schedule
 from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.primal import cover_restricted
 from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds
-from poetlab.planners.poet.rebuilds import default_stages, rebuild_bound, tight_stages
+from poetlab.planners.poet.rebuilds import RebuildBound, default_stages, rebuild_bound, tight_stages
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, repair_all
 from poetlab.planners.poet.starts import best_start, better
@@ -49,6 +50,9 @@ TIGHT_MIN_LIMIT_S = 5.0
 #: these many seconds: 1.0-1.3 s for bert_seq8/m4/0/2x's second round (24 stages), 5.3 s for resnet18_cifar/m4/0.2/1.2x's
 #: second and third
 ROUNDS_SHARE, ROUNDS_MAX_S = 0.1, 6.0
+#: the settled point's schedule (NOTE 29), over a budget, is repaired alone for this share of the limit, at least and at
+#: most these many seconds (single changes, so it stops at their local optimum: 0.4 s on resnet50/jetsontx2/0/2x)
+SETTLED_REPAIR_SHARE, SETTLED_REPAIR_MIN_S, SETTLED_REPAIR_MAX_S = 0.05, 0.5, 3.0
 
 
 @dataclass
@@ -203,7 +207,9 @@ class SearchState:
         re-planned (NOTE 21), and the point followed interval by interval (NOTE 27; one over a budget is dropped: it did
         not pay in the second repair, whose time it shared, on bert/m4/0/2x). Where that bound was solved and nothing
         certifies, the bound again with the stages the point's schedule is over RAM at
-        (:func:`~poetlab.planners.poet.rebuild_rounds.rounds`, 10% of the limit, at most 6 s)."""
+        (:func:`~poetlab.planners.poet.rebuild_rounds.rounds`, 10% of the limit, at most 6 s). Then, with a limit of 5 s
+        or more, where that bound's point is within the gap of it and nothing certifies, the point settled
+        (:meth:`settled_point`, NOTE 29)."""
         graph, costs = self.graph, self.costs
         problem = None if self.options.compression else cover_problem(graph, costs, self.options)
         if problem is None:  # (no stage over budget, or compression: the rebuild bound proves nothing)
@@ -223,16 +229,44 @@ class SearchState:
             if planned is not None:
                 self.take("chain plan of the rebuild bound's point", planned, reject=False)
         self.take("rebuild bound's point by intervals", point_schedule(graph, rebuilt, self.options.remat), reject=False)
+        self.rebuild_rounds(rebuilt, problem)
+        near = rebuilt.optimal or (rebuilt.point_j is not None and rebuilt.point_j <= rebuilt.bound_j * (1 + self.mip_gap))
+        if near and self.time_limit_s >= TIGHT_MIN_LIMIT_S and not self.proven():  # (a point far from its bound: bert/m4/0/2x's, 1.2% at 1 s)
+            self.settled_point(rebuilt)
+
+    def rebuild_rounds(self, rebuilt: RebuildBound, problem: CoverProblem) -> None:
+        """NOTE 27's rounds from ``rebuilt`` (solved on ``problem``), where nothing certifies yet: each round's bound joins
+        the lower bound and its point's schedule the starts, until one certifies (10% of the limit, at most 6 s)."""
         share_s = min(ROUNDS_MAX_S, ROUNDS_SHARE * self.time_limit_s, self.left_s())
         if self.proven() or share_s <= 0:
             return
-        for bound, schedule in rounds(graph, costs, self.options, rebuilt, self.ram_budget_bytes - self.fixed_bytes, share_s, problem):
+        for bound, schedule in rounds(self.graph, self.costs, self.options, rebuilt, self.ram_budget_bytes - self.fixed_bytes, share_s, problem):
             self.lower_bound = max(self.lower_bound, bound.bound_j)
             self.evicted_j = max(self.evicted_j, bound.bound_j)
-            log.info("rebuild bound with the stages its point's schedule is over RAM at: %.6f x one plain step", bound.bound_j / costs.plain_step_energy_j)
+            log.info("rebuild bound with the stages its point's schedule is over RAM at: %.6f x one plain step", bound.bound_j / self.costs.plain_step_energy_j)
             self.take("rebuild bound's point by intervals", schedule, reject=False)
             if self.proven():
                 return
+
+    def settled_point(self, rebuilt: RebuildBound) -> None:
+        """NOTE 29: the point of a rebuild bound solved to optimality or stopped within the gap of it followed interval by
+        interval with its block's early evictions and adjacent holds settled (``point_schedule(..., settled=True)``), its
+        reruns of paged-out tensors made page-ins and its repeated reruns held
+        (:func:`~poetlab.planners.poet.coherence.coherent_schedule`); it joins the starts, and where it is over a budget
+        but, RAM aside, cheaper than the best start, it is repaired alone with single changes (5% of the limit, 0.5-3 s:
+        0.2-0.4 s on resnet50/jetsontx2/0/2x, from 2-6 stages over RAM to 1.003857-1.003970 plain steps, which certify)."""
+        schedule = point_schedule(self.graph, rebuilt, self.options.remat, settled=True)
+        if schedule is None:
+            return
+        schedule = coherent_schedule(self.graph, self.costs, schedule, self.ram_budget_bytes - self.fixed_bytes)
+        unfit: list[Schedule] = []
+        self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=unfit)
+        share_s = min(SETTLED_REPAIR_MAX_S, max(SETTLED_REPAIR_MIN_S, SETTLED_REPAIR_SHARE * self.time_limit_s), self.left_s())
+        if not unfit or self.proven() or share_s <= 0:
+            return
+        unbudgeted_j = simulate(schedule, self.graph, self.costs).energy_j
+        if self.start_sim is None or unbudgeted_j < self.start_sim.energy_j:
+            self.repair(unfit, share_s, chains=False)
 
     def cover_restricted(self, share_s: float, max_columns: int) -> None:
         """The interval relaxation restricted to the eviction cover's recomputations (NOTE 18) for ``share_s``, stopped
