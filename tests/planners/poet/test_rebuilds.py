@@ -138,4 +138,7 @@ def test_at_resnet50s_smallest_footprint_the_tight_stages_leave_no_room_and_rais
     assert default.bound_j <= evicted * (1 + 1e-4) < tight.bound_j * (1 - 4e-4)
     result = solve(graph, costs, budget, 2.0, mip_gap=1e-3, threads=1, time_limit_s=20.0)
     assert result.energy_j is not None and tight.bound_j <= result.energy_j
-    assert result.bound_j >= tight.bound_j * (1 - 1e-6)  # (solve's own: the tight stages' bound in its rebuild phase)
+    # (solve's own bound: the tight stages' in its rebuild phase, 1 s at this limit. Solved, it is 1.003302; stopped by a
+    # loaded machine it was 1.003296 (load 6). Nothing else in this solve passes the eviction bound: its default stages
+    # prove no more, and the interval relaxation's bound stays below it, NOTE 28.)
+    assert result.bound_j > evicted * (1 + 2e-4)
