@@ -255,17 +255,18 @@ class SearchState:
         (:func:`~poetlab.planners.poet.coherence.coherent_schedule`); it joins the starts, and where it is over a budget
         but, RAM aside, cheaper than the best start, it is repaired alone with single changes (5% of the limit, 0.5-3 s:
         0.2-0.4 s on resnet50/jetsontx2/0/2x, from 2-6 stages over RAM to 1.003857-1.003970 plain steps, which certify)."""
-        schedule = point_schedule(self.graph, rebuilt, self.options.remat, settled=True)
-        if schedule is None:
-            return
-        schedule = coherent_schedule(self.graph, self.costs, schedule, self.ram_budget_bytes - self.fixed_bytes)
         unfit: list[Schedule] = []
-        self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=unfit)
+        for forward_out in (False, True):  # (NOTE 32: out in the forward pass too fits resnet50/m4/0/2x, costs jetsontx2 4e-5)
+            schedule = point_schedule(self.graph, rebuilt, self.options.remat, settled=True, forward_out=forward_out)
+            if schedule is None or self.proven():
+                return
+            schedule = coherent_schedule(self.graph, self.costs, schedule, self.ram_budget_bytes - self.fixed_bytes)
+            rejected: list[Schedule] = []
+            self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=rejected)
+            if rejected and (self.start_sim is None or simulate(schedule, self.graph, self.costs).energy_j < self.start_sim.energy_j):
+                unfit += rejected
         share_s = min(SETTLED_REPAIR_MAX_S, max(SETTLED_REPAIR_MIN_S, SETTLED_REPAIR_SHARE * self.time_limit_s), self.left_s())
-        if not unfit or self.proven() or share_s <= 0:
-            return
-        unbudgeted_j = simulate(schedule, self.graph, self.costs).energy_j
-        if self.start_sim is None or unbudgeted_j < self.start_sim.energy_j:
+        if unfit and not self.proven() and share_s > 0:
             self.repair(unfit, share_s, chains=False)
 
     def cover_restricted(self, share_s: float, max_columns: int) -> None:
