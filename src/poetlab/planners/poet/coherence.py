@@ -16,7 +16,13 @@ that stage costs nothing. :func:`coherent_schedule` fixes both on the matrices:
   from s to u), else a second page-in (holding it that long would take RAM the seed did not plan for); the latest
   tensor of the stage's recomputations first, so the rerun chain below it goes away with it;
 - then a tensor recomputed in two stages s1 < s2 and not in RAM between is held from s1 to s2 where no stage between
-  goes over the budget (or over what it was), the costliest rerun first, until none applies.
+  goes over the budget (or over what it was), the costliest rerun first, until none applies;
+- last, at a stage over the budget, a tensor paged in for the rerun of its consumer there and kept for the next stage
+  (POET's matrices cannot free it and page it in again) is paged in a stage later, its consumer paged in instead
+  (resnet50/m4/0/2x: a convolution held across a stage of no room, NOTE 32).
+
+A page-in moved earlier (the tensor held between) is moved only where no stage between goes over the budget (or
+over what it was); else a second page-in serves the rerun (NOTE 32).
 
 It finds schedules, not bounds; the caller replays what comes out like every start (and repairs it where it is over
 RAM: the stages the point's own rows do not see).

@@ -153,6 +153,13 @@ def over_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float) -
     return [int(t) for t in np.flatnonzero(stage_peaks(graph, matrices.R, matrices.S_RAM) > tensor_bytes + 1e-6)]
 
 
+def worst_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float, count: int) -> list[int]:
+    """The ``count`` stages whose peak (the MILP's accounting) exceeds ``tensor_bytes`` by the most bytes."""
+    matrices = schedule.matrices()
+    excess = stage_peaks(graph, matrices.R, matrices.S_RAM) - tensor_bytes
+    return sorted(int(t) for t in np.argsort(-excess, kind="stable")[:count] if excess[t] > 1e-6)
+
+
 def rounds(
     graph: TrainingGraph, costs: CostModel, options: MilpOptions, first: RebuildBound, tensor_bytes: float, time_limit_s: float,
     problem: CoverProblem | None = None,
