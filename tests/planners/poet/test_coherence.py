@@ -1,6 +1,7 @@
 """A seed schedule made coherent (NOTE 29): reruns of paged-out tensors made page-ins where that saves energy, repeated
-reruns held where RAM allows; never dearer than the seed, always a schedule the simulator runs, and on
-resnet50/jetsontx2 at its smallest footprint the rebuild bound's settled point made one within 0.1% of its bound."""
+reruns held where RAM allows; never dearer than the seed but where it pages a consumer in at a stage over the budget
+(NOTE 32), always a schedule the simulator runs, and on resnet50/jetsontx2 at its smallest footprint the rebuild
+bound's settled point made one within 0.1% of its bound; on resnet50/m4 one that fits (NOTE 32)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from poetlab import CostModel, build_paper_graph, load_platform
 from poetlab.core.graph import min_footprint_bytes
 from poetlab.core.schedule import checkpoint_all_schedule, simulate
 from poetlab.planners.comparison import budget_ladder
-from poetlab.planners.heuristics import minimal_recompute
+from poetlab.planners.heuristics import minimal_recompute, stage_peaks
 from poetlab.planners.poet.bounds import cover_schedules
 from poetlab.planners.poet.coherence import coherent_schedule
 from poetlab.planners.poet.milp import MilpOptions
@@ -40,6 +41,12 @@ def _reruns_waiting_on_flash(graph, schedule) -> int:
     return count
 
 
+def _bytes_over(graph, schedule, options) -> float:
+    """The bytes over the RAM budget, summed over the stages (the MILP's accounting)."""
+    m = schedule.matrices()
+    return float(np.clip(stage_peaks(graph, m.R, m.S_RAM) - options.ram_budget_bytes, 0, None).sum())
+
+
 @pytest.mark.parametrize("graph", [residual, convnet, tiny_bert], ids=["residual", "convnet", "tiny_bert"])
 @pytest.mark.parametrize("platform", ["m4", "m0", "jetsontx2"])
 @pytest.mark.parametrize("fraction", [0.0, 0.1, 0.3])
@@ -54,7 +61,8 @@ def test_the_coherent_schedule_runs_and_is_never_dearer_than_its_seed(graph, pla
     for seed in seeds:
         made = coherent_schedule(graph, costs, seed, options.ram_budget_bytes)
         before, after = simulate(seed, graph, costs), simulate(made, graph, costs)
-        assert after.energy_j <= before.energy_j * (1 + 1e-12)
+        # (dearer only where a consumer is paged in at a stage over the budget, NOTE 32: then less RAM is over it)
+        assert after.energy_j <= before.energy_j * (1 + 1e-12) or _bytes_over(graph, made, options) < _bytes_over(graph, seed, options)
         assert _reruns_waiting_on_flash(graph, made) <= _reruns_waiting_on_flash(graph, seed)
 
 
@@ -111,3 +119,20 @@ def test_solve_certifies_resnet50_at_its_smallest_footprint_on_the_tx2():
     result = solve(graph, costs, budget_ladder(graph, costs, [0.0])[0], 2.0, mip_gap=1e-3, threads=1, time_limit_s=60.0)
     assert result.status == "optimal" and result.solver == "bound"
     assert result.energy_j / costs.plain_step_energy_j < 1.004307  # (what certifies against the rebuild bound's 1.003302)
+
+
+def test_resnet50_m4_at_its_smallest_footprint_the_settled_point_fits():
+    """Fig. 3's resnet50/m4/0/2x (NOTE 32): settled as NOTE 29 had it, the point's schedule was over RAM at 39 stages and
+    no single change of the repair lowered the excess; following the point's memory at the chosen stages, its tensors
+    held across t_1 out of RAM in the forward pass (``forward_out``), no page-in moved where the hold breaks RAM and a
+    batch-norm paged in where its convolution would be held across a stage of no room, it fits the budget as it is,
+    below the 60 s solve's schedule before (1.129399 plain steps) and above the bound."""
+    graph = build_paper_graph("resnet50")
+    costs = CostModel.from_flops(graph, load_platform("m4"))
+    options = MilpOptions(ram_budget_bytes=budget_ladder(graph, costs, [0.0])[0], runtime_budget_factor=2.0)
+    rebuilt = rebuild_bound(graph, costs, options, time_limit_s=20.0, stages=tight_stages)
+    assert rebuilt.optimal
+    made = coherent_schedule(graph, costs, point_schedule(graph, rebuilt, settled=True, forward_out=True), options.ram_budget_bytes)
+    assert over_stages(graph, made, options.ram_budget_bytes) == []
+    replayed = simulate(made, graph, costs, ram_budget_bytes=options.ram_budget_bytes)
+    assert rebuilt.bound_j < replayed.energy_j < 1.129399 * costs.plain_step_energy_j

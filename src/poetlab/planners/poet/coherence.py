@@ -16,7 +16,13 @@ that stage costs nothing. :func:`coherent_schedule` fixes both on the matrices:
   from s to u), else a second page-in (holding it that long would take RAM the seed did not plan for); the latest
   tensor of the stage's recomputations first, so the rerun chain below it goes away with it;
 - then a tensor recomputed in two stages s1 < s2 and not in RAM between is held from s1 to s2 where no stage between
-  goes over the budget (or over what it was), the costliest rerun first, until none applies.
+  goes over the budget (or over what it was), the costliest rerun first, until none applies;
+- last, at a stage over the budget, a tensor paged in for the rerun of its consumer there and kept for the next stage
+  (POET's matrices cannot free it and page it in again) is paged in a stage later, its consumer paged in instead
+  (resnet50/m4/0/2x: a convolution held across a stage of no room, NOTE 32).
+
+A page-in moved earlier (the tensor held between) is moved only where no stage between goes over the budget (or
+over what it was); else a second page-in serves the rerun (NOTE 32).
 
 It finds schedules, not bounds; the caller replays what comes out like every start (and repairs it where it is over
 RAM: the stages the point's own rows do not see).
@@ -73,12 +79,13 @@ class _Seed:
             self.peaks[t] = self.peak(t)
 
 
-def _page_in_before_reruns(seed: _Seed, costs: CostModel) -> None:
+def _page_in_before_reruns(seed: _Seed, costs: CostModel, budget_bytes: float | None = None) -> None:
     """Each rerun of a tensor that waits on flash for a later page-in: paged in the stage before instead where that
     saves energy (a rerun chain for a page-in; on a platform where the rerun is cheaper it stays), stage by stage, the
-    latest tensor of a stage first; at most ``MAX_MOVES`` changes."""
+    latest tensor of a stage first; at most ``MAX_MOVES`` changes. With ``budget_bytes``, a planned page-in is moved
+    (the tensor held between) only where no stage between goes over the budget (or over its peak before); else a
+    second page-in serves the rerun (resnet50/m4/0/2x: a convolution held across a stage of no room, NOTE 32)."""
     T, moves, s = seed.T, 0, 0
-    rerun, pagein = costs.recompute_energy_j, costs.pagein_energy_j
     while s < T and moves < MAX_MOVES:
         moved = False
         for i in np.flatnonzero(seed.R[s])[::-1]:
@@ -87,24 +94,36 @@ def _page_in_before_reruns(seed: _Seed, costs: CostModel) -> None:
             if i == s or not outs.size or outs[0] > s - 2 or not later.size or later[0] == s - 1:
                 continue
             u = int(later[0])
-            kept = (seed.S_RAM.copy(), seed.S_SSD.copy(), seed.M_IN.copy(), seed.R.copy(), seed.peaks.copy())
-            stages = range(max(s - 2, 0), min(u + 2, T))
-            before = float(seed.R[stages.start : stages.stop].sum(axis=0) @ rerun + seed.M_IN.sum(axis=0) @ pagein)
-            if u - s <= MOVE_STAGES:
-                seed.M_IN[u, i] = False
-                seed.S_RAM[s : u + 1, i] = True
-                seed.S_SSD[s - 1 : u + 1, i] = False
-            else:
-                seed.S_RAM[s, i] = True
-                seed.S_SSD[s, i] = False
-            seed.M_IN[s - 1, i] = True
-            seed.refresh(stages)
-            if float(seed.R[stages.start : stages.stop].sum(axis=0) @ rerun + seed.M_IN.sum(axis=0) @ pagein) < before:
+            tries = (True, False) if u - s <= MOVE_STAGES and budget_bytes is not None else (u - s <= MOVE_STAGES,)
+            if any(_paged_in_before(seed, costs, i, s, u, move, budget_bytes) for move in tries):
                 moves, moved = moves + 1, True
                 break
-            seed.S_RAM, seed.S_SSD, seed.M_IN, seed.R, seed.peaks = kept
         if not moved:
             s += 1
+
+
+def _paged_in_before(seed: _Seed, costs: CostModel, i: int, s: int, u: int, move: bool, budget_bytes: float | None) -> bool:
+    """Tensor i, rerun in stage s and paged in at u later, paged in at the end of stage s - 1 instead: the page-in at
+    u moved there (``move``, i held from s to u) or a second one; kept where it saves energy (and, with
+    ``budget_bytes``, where a moved one puts no stage between over the budget or over its peak before)."""
+    T, rerun, pagein = seed.T, costs.recompute_energy_j, costs.pagein_energy_j
+    kept = (seed.S_RAM.copy(), seed.S_SSD.copy(), seed.M_IN.copy(), seed.R.copy(), seed.peaks.copy())
+    stages = range(max(s - 2, 0), min(u + 2, T))
+    before = float(seed.R[stages.start : stages.stop].sum(axis=0) @ rerun + seed.M_IN.sum(axis=0) @ pagein)
+    if move:
+        seed.M_IN[u, i] = False
+        seed.S_RAM[s : u + 1, i] = True
+        seed.S_SSD[s - 1 : u + 1, i] = False
+    else:
+        seed.S_RAM[s, i] = True
+        seed.S_SSD[s, i] = False
+    seed.M_IN[s - 1, i] = True
+    seed.refresh(stages)
+    fits = not (move and budget_bytes is not None) or all(seed.peaks[t] <= max(budget_bytes, kept[4][t]) + 1e-6 for t in stages)
+    if fits and float(seed.R[stages.start : stages.stop].sum(axis=0) @ rerun + seed.M_IN.sum(axis=0) @ pagein) < before:
+        return True
+    seed.S_RAM, seed.S_SSD, seed.M_IN, seed.R, seed.peaks = kept
+    return False
 
 
 def _hold_reruns(seed: _Seed, costs: CostModel, budget_bytes: float) -> None:
@@ -141,11 +160,48 @@ def _held(seed: _Seed, i: int, s1: int, s2: int, energy: np.ndarray, budget_byte
     return True
 
 
+def _page_consumers_in(seed: _Seed, budget_bytes: float) -> None:
+    """At each stage t over the budget, a tensor x paged in at t - 1 and kept for the next stage, read in t only by the
+    rerun of a consumer y: y paged in at t - 1 instead (paged out after its computation where it is not on flash yet) and
+    x's page-in moved to stage t, where that brings t's peak down without putting another stage over the budget (or
+    over its peak before). POET's matrices cannot free a tensor in a stage and page it in again for the next, so a
+    point that pages a convolution in for its batch-norm's rerun in a stage of no room and again for the stage after
+    (the rebuild bound's rows allow it) needs the batch-norm paged in (resnet50/m4/0/2x, NOTE 32)."""
+    T = seed.T
+    consumers: list[list[int]] = [[] for _ in range(T)]
+    for c, inputs in enumerate(seed.inputs):
+        for i in inputs:
+            consumers[i].append(c)
+    for t in range(1, T - 1):
+        if seed.peaks[t] <= budget_bytes + 1e-6:
+            continue
+        for x in np.flatnonzero(seed.S_RAM[t] & seed.S_RAM[t + 1] & seed.M_IN[t - 1]):
+            readers = [y for y in consumers[x] if seed.R[t, y] and y != t]
+            if x in seed.inputs[t] or len(readers) != 1 or seed.peaks[t] <= budget_bytes + 1e-6:
+                continue
+            y = readers[0]
+            kept = (seed.S_RAM.copy(), seed.S_SSD.copy(), seed.M_IN.copy(), seed.M_OUT.copy(), seed.R.copy(), seed.peaks.copy())
+            if not (seed.M_OUT[: t - 1, y].any() and seed.S_SSD[t - 1, y]):
+                if not seed.S_RAM[y + 1, y] or y + 2 >= t:
+                    continue
+                seed.M_OUT[y + 1, y] = True
+                seed.S_SSD[y + 2 : t, y] = True
+            seed.M_IN[t - 1, y] = seed.S_RAM[t, y] = True
+            seed.M_IN[t - 1, x], seed.S_RAM[t, x] = False, False
+            seed.M_IN[t, x] = seed.S_SSD[t, x] = True
+            stages = range(max(y, 0), min(t + 2, T))
+            seed.refresh(stages)
+            if seed.peaks[t] < kept[5][t] and all(seed.peaks[r] <= max(budget_bytes, kept[5][r]) + 1e-6 for r in stages if r != t):
+                continue
+            seed.S_RAM, seed.S_SSD, seed.M_IN, seed.M_OUT, seed.R, seed.peaks = kept
+
+
 def coherent_schedule(graph: TrainingGraph, costs: CostModel, schedule: Schedule, budget_bytes: float) -> Schedule:
     """``schedule`` with its reruns of paged-out tensors made page-ins and its repeated reruns held where RAM allows
     (module docstring); ``budget_bytes``: the RAM the tensors may take (the budget less what is kept free)."""
     matrices = schedule.matrices()
     seed = _Seed(graph, matrices.S_RAM, matrices.S_SSD, matrices.M_IN, matrices.M_OUT)
-    _page_in_before_reruns(seed, costs)
+    _page_in_before_reruns(seed, costs, budget_bytes)
     _hold_reruns(seed, costs, budget_bytes)
+    _page_consumers_in(seed, budget_bytes)
     return Schedule.from_matrices(graph, seed.R, seed.S_RAM, seed.S_SSD, seed.M_IN, seed.M_OUT)

@@ -50,7 +50,7 @@ MAX_ROUNDS = 3
 ROUND_GROWTH = 6.0
 
 
-def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True, settled: bool = False) -> Schedule | None:
+def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True, settled: bool = False, forward_out: bool = False) -> Schedule | None:
     """The rebuild bound's point made a schedule interval by interval (module docstring); None without a point. Without
     ``remat`` (recomputation not allowed) a tensor the point pages in where a page-in cannot be placed is held on.
 
@@ -59,7 +59,13 @@ def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True
     there: resnet50/jetsontx2/0's 3 MB skip-add 32, read at stage 302, over RAM at forward stage 62), and a tensor in RAM
     in the stage before its first read of an interval is held on instead of rerun there (the rerun's inputs cascade:
     a convolution rerun at 324 held the ReLU it reads from stage 10 on). Not in the rounds: on bert_seq8/m4/0/2x their
-    second point fits only with its rerun of qk_t_v at stage 103, which frees stage 102 (NOTE 27)."""
+    second point fits only with its rerun of qk_t_v at stage 103, which frees stage 102 (NOTE 27). Settled, the point's
+    memory at the chosen stages is followed too (NOTE 32, resnet50/m4/0/2x): a tensor it holds across t_k after
+    rebuilding it in the interval before is rebuilt by t_k (not at its read, whose inputs would then be held across
+    t_k), it is not held on across t_k where the point reruns it after t_k, and the chosen stages it is kept across are
+    those from its last read on. ``forward_out``: a block tensor the point regenerates and holds across t_1 leaves RAM
+    in the forward pass too (there the cover's rows count it out), back by t_1: resnet50/m4/0/2x's ReLU 29 and
+    convolution 17 (774 KB each), over RAM from stage 152 to 214 otherwise; on resnet50/jetsontx2/0/2x it costs 4e-5."""
     if bound.held is None or not bound.stages:
         return None
     T = graph.n_nodes
@@ -81,19 +87,31 @@ def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True
         last_early = max(early, default=a)
         reads = sorted({u for u in uses[a] if u > t1} | {s for c in uses[a] for s in reruns.get(c, ()) if s > t1})
         S_RAM[last_early + 1 :, a] = False
+        present_to = last_early
         if settled and early and (bound.recompute[a] or bound.page[a]):
-            _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a, [a, *early, *reads[:1]], t1, bool(bound.page[a]), remat, reruns)
+            # (held across t_1 by the point: out of RAM in the forward pass, as the cover's rows there count it, back by t_1)
+            across = forward_out and bool(bound.held[0, q]) and bool(reads) and reads[0] > t1
+            until = _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a, [a, *early, t1 if across else reads[0]] if reads else [a, *early], t1, bool(bound.page[a]), remat, reruns)
+            if until == t1:
+                present_to = t1 - 1
         groups: dict[int, list[int]] = {}
         for s in reads:
             groups.setdefault(int(interval[s]), []).append(s)
-        present_to, paged_out = last_early, bool(M_OUT[:, a].any())
+        paged_out = bool(M_OUT[:, a].any())
         for k, stage_reads in sorted(groups.items()):
             first, last = stage_reads[0], stage_reads[-1]
             since = int(interval[present_to + 1]) if present_to >= t1 else 0
+            if settled and present_to >= t1:  # (the chosen stages it is kept across: from present_to on, not the one before it)
+                since = next((j for j, t in enumerate(stages) if t >= present_to), len(stages))
             held = all(bound.held[j, q] for j in range(max(since, 0), k + 1))
-            decided = bound.held[k, q] or bound.rerun[k, q] or bound.paged[k, q]
-            page = bound.paged[k, q] and first - last_early >= 3 and present_to < first - 1  # (out after last_early, in at first - 1)
-            if held or not decided or not (page or remat) or (settled and present_to >= first - 1):  # (no decision: a read beside node t_k; held on)
+            paged_in = bound.paged[k, q]
+            if settled and k and bound.held[k, q] and not held and (bound.rerun[k - 1, q] or bound.paged[k - 1, q]) and present_to < stages[k] - 1:
+                first, paged_in = stages[k], bound.paged[k - 1, q]  # (held across t_k after its rebuild in the interval before: back by t_k)
+            decided = bound.held[k, q] or bound.rerun[k, q] or paged_in
+            page = paged_in and first - last_early >= 3 and present_to < first - 1  # (out after last_early, in at first - 1)
+            # (settled: held on from the stage before, but not across t_k where the point reruns it after t_k instead)
+            adjacent = settled and present_to >= first - 1 and not (bound.rerun[k, q] and not bound.held[k, q] and present_to >= stages[k])
+            if held or not decided or not (page or remat) or adjacent:  # (no decision: a read beside node t_k; held on)
                 S_RAM[present_to + 1 : last + 1, a] = True
             elif page:
                 if not paged_out:
@@ -108,27 +126,38 @@ def point_schedule(graph: TrainingGraph, bound: RebuildBound, remat: bool = True
     return Schedule.from_matrices(graph, minimal_recompute(graph, S_RAM, M_IN), S_RAM, S_SSD, M_IN, M_OUT)
 
 
-def _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a: int, points: list[int], t1: int, page: bool, remat: bool, reruns: dict[int, list[int]]) -> None:
+def _evict_early(S_RAM, S_SSD, M_IN, M_OUT, a: int, points: list[int], t1: int, page: bool, remat: bool, reruns: dict[int, list[int]]) -> int | None:
     """Block tensor ``a`` out of RAM over its longest idle interval between ``points`` (its computation, its reads up to
     the first chosen stage ``t1`` and its first read after it) where that interval ends by ``t1``: paged out and in
     (``page``) or recomputed at its end (the covers' rule, :func:`~poetlab.planners.poet.bounds.evict_schedule`)."""
     k = int(np.argmax(np.diff(points)))
     previous, following = points[k], points[k + 1]
     if following - previous < 3 or following > t1:
-        return
+        return None
     if page:
         S_RAM[previous + 2 : following, a] = False
-        M_OUT[previous + 1, a] = M_IN[following - 1, a] = True
+        S_RAM[previous + 1, a] = M_OUT[previous + 1, a] = M_IN[following - 1, a] = True
         S_SSD[previous + 2 : following, a] = True
     elif remat:
         S_RAM[previous + 1 : following, a] = False
         reruns.setdefault(a, []).append(following)
+    else:
+        return None
+    S_RAM[following, a] = True
+    return following
 
 
 def over_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float) -> list[int]:
     """The stages whose peak (the MILP's accounting) exceeds ``tensor_bytes``: where a point's schedule breaks."""
     matrices = schedule.matrices()
     return [int(t) for t in np.flatnonzero(stage_peaks(graph, matrices.R, matrices.S_RAM) > tensor_bytes + 1e-6)]
+
+
+def worst_stages(graph: TrainingGraph, schedule: Schedule, tensor_bytes: float, count: int) -> list[int]:
+    """The ``count`` stages whose peak (the MILP's accounting) exceeds ``tensor_bytes`` by the most bytes."""
+    matrices = schedule.matrices()
+    excess = stage_peaks(graph, matrices.R, matrices.S_RAM) - tensor_bytes
+    return sorted(int(t) for t in np.argsort(-excess, kind="stable")[:count] if excess[t] > 1e-6)
 
 
 def rounds(

@@ -31,7 +31,7 @@ from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.primal import cover_restricted
-from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds
+from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds, worst_stages
 from poetlab.planners.poet.rebuilds import RebuildBound, default_stages, rebuild_bound, tight_stages
 from poetlab.planners.poet.relaxation import stage_relaxation
 from poetlab.planners.poet.repair import Budgets as RepairBudgets, repair_all
@@ -53,6 +53,11 @@ ROUNDS_SHARE, ROUNDS_MAX_S = 0.1, 6.0
 #: the settled point's schedule (NOTE 29), over a budget, is repaired alone for this share of the limit, at least and at
 #: most these many seconds (single changes, so it stops at their local optimum: 0.4 s on resnet50/jetsontx2/0/2x)
 SETTLED_REPAIR_SHARE, SETTLED_REPAIR_MIN_S, SETTLED_REPAIR_MAX_S = 0.05, 0.5, 3.0
+#: where the settled point's schedule (as NOTE 29 has it) is over RAM and nothing certifies, the rebuild bound again at
+#: its stages with the ``WORST_STAGES`` stages most bytes over added (NOTE 32), for this share of the limit, at most these
+#: many seconds, only with a limit of ``WORST_MIN_LIMIT_S`` or more: resnet50/m4/0/2x 1.092435 -> 1.099257 (5 s, optimal;
+#: 16 stages, the block 163 tensors), its settled point repaired 1.103312
+WORST_STAGES, WORST_SHARE, WORST_MAX_S, WORST_MIN_LIMIT_S = 4, 1 / 6, 10.0, 30.0
 
 
 @dataclass
@@ -232,7 +237,26 @@ class SearchState:
         self.rebuild_rounds(rebuilt, problem)
         near = rebuilt.optimal or (rebuilt.point_j is not None and rebuilt.point_j <= rebuilt.bound_j * (1 + self.mip_gap))
         if near and self.time_limit_s >= TIGHT_MIN_LIMIT_S and not self.proven():  # (a point far from its bound: bert/m4/0/2x's, 1.2% at 1 s)
-            self.settled_point(rebuilt)
+            worst = self.settled_point(rebuilt)
+            self.worst_stages_bound(rebuilt, problem, worst)
+
+    def worst_stages_bound(self, rebuilt: RebuildBound, problem: CoverProblem, worst: list[int]) -> None:
+        """NOTE 32: where nothing certifies after the settled point and its schedule was over RAM, the rebuild bound at
+        ``rebuilt``'s stages and the ``worst`` ones (the stages that schedule was most bytes over; valid at any stages,
+        NOTE 23), for a sixth of the limit (at most 10 s, from a 30 s limit): its bound joins the lower bound, and where
+        its point is within the gap of it, the point settled joins the starts (:meth:`settled_point`). The rounds
+        (NOTE 27) add only stages after t_1; on resnet50/m4/0/2x the settled schedule is over RAM in the forward pass and
+        the first backward layers, before the tight stages."""
+        share_s = min(WORST_MAX_S, WORST_SHARE * self.time_limit_s, self.left_s())
+        added = [t for t in worst if t not in rebuilt.stages]
+        if self.proven() or not added or self.time_limit_s < WORST_MIN_LIMIT_S or share_s < 1.0:
+            return
+        bound = rebuild_bound(self.graph, self.costs, self.options, share_s, sorted({*rebuilt.stages, *added}), problem)
+        self.lower_bound = max(self.lower_bound, bound.bound_j)
+        self.evicted_j = max(self.evicted_j, bound.bound_j)
+        log.info("rebuild bound with the stages the settled point's schedule is most over RAM at: %.6f x one plain step", bound.bound_j / self.costs.plain_step_energy_j)
+        if bound.point_j is not None and bound.point_j <= bound.bound_j * (1 + self.mip_gap) and not self.proven():
+            self.settled_point(bound)
 
     def rebuild_rounds(self, rebuilt: RebuildBound, problem: CoverProblem) -> None:
         """NOTE 27's rounds from ``rebuilt`` (solved on ``problem``), where nothing certifies yet: each round's bound joins
@@ -248,25 +272,34 @@ class SearchState:
             if self.proven():
                 return
 
-    def settled_point(self, rebuilt: RebuildBound) -> None:
+    def settled_point(self, rebuilt: RebuildBound) -> list[int]:
         """NOTE 29: the point of a rebuild bound solved to optimality or stopped within the gap of it followed interval by
         interval with its block's early evictions and adjacent holds settled (``point_schedule(..., settled=True)``), its
         reruns of paged-out tensors made page-ins and its repeated reruns held
         (:func:`~poetlab.planners.poet.coherence.coherent_schedule`); it joins the starts, and where it is over a budget
         but, RAM aside, cheaper than the best start, it is repaired alone with single changes (5% of the limit, 0.5-3 s:
-        0.2-0.4 s on resnet50/jetsontx2/0/2x, from 2-6 stages over RAM to 1.003857-1.003970 plain steps, which certify)."""
-        schedule = point_schedule(self.graph, rebuilt, self.options.remat, settled=True)
-        if schedule is None:
-            return
-        schedule = coherent_schedule(self.graph, self.costs, schedule, self.ram_budget_bytes - self.fixed_bytes)
+        0.2-0.4 s on resnet50/jetsontx2/0/2x, from 2-6 stages over RAM to 1.003857-1.003970 plain steps, which certify).
+        Twice (NOTE 32): as NOTE 29 had it, and with the tensors the point holds across t_1 out of RAM in the forward
+        pass (``forward_out``), which fits resnet50/m4/0/2x as it is (1.12 plain steps; the first way is over RAM at
+        16 stages, at 39 as NOTE 29 had it) and on resnet50/jetsontx2/0/2x repairs to 1.004012 instead of 1.003970.
+        Returns the ``WORST_STAGES`` stages the first way's schedule is most bytes over (none where it fits)."""
         unfit: list[Schedule] = []
-        self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=unfit)
+        worst: list[int] = []
+        for forward_out in (False, True):  # (NOTE 32: out in the forward pass too fits resnet50/m4/0/2x, costs jetsontx2 4e-5)
+            schedule = point_schedule(self.graph, rebuilt, self.options.remat, settled=True, forward_out=forward_out)
+            if schedule is None or self.proven():
+                return worst
+            schedule = coherent_schedule(self.graph, self.costs, schedule, self.ram_budget_bytes - self.fixed_bytes)
+            if not forward_out:
+                worst = worst_stages(self.graph, schedule, self.ram_budget_bytes - self.fixed_bytes, WORST_STAGES)
+            rejected: list[Schedule] = []
+            self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=rejected)
+            if rejected and (self.start_sim is None or simulate(schedule, self.graph, self.costs).energy_j < self.start_sim.energy_j):
+                unfit += rejected
         share_s = min(SETTLED_REPAIR_MAX_S, max(SETTLED_REPAIR_MIN_S, SETTLED_REPAIR_SHARE * self.time_limit_s), self.left_s())
-        if not unfit or self.proven() or share_s <= 0:
-            return
-        unbudgeted_j = simulate(schedule, self.graph, self.costs).energy_j
-        if self.start_sim is None or unbudgeted_j < self.start_sim.energy_j:
+        if unfit and not self.proven() and share_s > 0:
             self.repair(unfit, share_s, chains=False)
+        return worst
 
     def cover_restricted(self, share_s: float, max_columns: int) -> None:
         """The interval relaxation restricted to the eviction cover's recomputations (NOTE 18) for ``share_s``, stopped
