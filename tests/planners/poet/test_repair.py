@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule
+from poetlab.core.schedule import InvalidScheduleError, checkpoint_all_schedule, simulate
 from poetlab.planners.poet.backends import run_milp
 from poetlab.planners.poet.milp import build_milp
 from poetlab.planners.poet.repair import loose_starts, repair, repair_all
@@ -160,3 +160,35 @@ def test_the_interval_relaxations_schedule_over_ram_is_repaired_by_pairs_of_chan
     assert optimum * (1 - 1e-7) <= replay(repaired).energy_j
     monkeypatch.setattr("poetlab.planners.poet.repair.PAIR_TRIES", 0)  # single changes only
     assert repair(graph, costs, relaxed.schedule, budgets, time_limit_s=5) is None
+
+
+def test_equally_cheap_schedules_are_repaired_the_last_given_first(monkeypatch):
+    """``repair_all`` takes the cheapest first (replayed without budgets) and, among equally cheap ones, the one given
+    last: a relaxation's schedule made from a start's point, which joins after the start at its energy (NOTE 33).
+    Checkpoint-all over RAM given twice as two objects, behind a dearer schedule: the dearer one comes last, and of
+    the two equal ones the second given comes first."""
+    import poetlab.planners.poet.repair as repair_module
+
+    graph, costs, options, replay, budgets = _instance("convnet", "m4", 0.2, 1.2)
+    start, start_sim = best_start(graph, costs, options, budgets.runtime_s, replay)
+    first = checkpoint_all_schedule(graph)
+    second = checkpoint_all_schedule(graph)
+    assert start_sim.energy_j > _unbudgeted(graph, costs, first)  # (the best start pages or recomputes: dearer)
+    seen = []
+    real = repair_module.repair
+
+    def recording(graph_, costs_, schedule, *args, **kwargs):
+        seen.append(schedule)
+        return real(graph_, costs_, schedule, *args, **kwargs)
+
+    monkeypatch.setattr(repair_module, "repair", recording)
+    out = repair_all(graph, costs, [start, first, second], budgets, time_limit_s=10, chains=False)
+    assert [id(s) for s in seen] == [id(second), id(first), id(start)]
+    assert out
+    for schedule in out:
+        replay(schedule)  # (within both budgets, or it raises)
+
+
+def _unbudgeted(graph, costs, schedule) -> float:
+    """The energy of ``schedule`` replayed without budgets (J)."""
+    return simulate(schedule, graph, costs).energy_j
