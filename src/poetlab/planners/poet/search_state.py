@@ -300,12 +300,13 @@ class SearchState:
                 break
             points.append(point)
             schedule = coherent_schedule(self.graph, self.costs, point, self.ram_budget_bytes - self.fixed_bytes)
-            near = simulate(schedule, self.graph, self.costs).energy_j <= rebuilt.bound_j * (1 + SETTLED_NEAR)
+            unbudgeted_j = simulate(schedule, self.graph, self.costs).energy_j
+            near = unbudgeted_j <= rebuilt.bound_j * (1 + SETTLED_NEAR)
             if not forward_out and near:
                 worst = worst_stages(self.graph, schedule, self.ram_budget_bytes - self.fixed_bytes, WORST_STAGES)
             rejected: list[Schedule] = []
             self.start, self.start_sim = better((self.start, self.start_sim), "rebuild bound's point settled", schedule, self.replay, collect=self.fitting, rejected=rejected)
-            if rejected and near and (self.start_sim is None or simulate(schedule, self.graph, self.costs).energy_j < self.start_sim.energy_j):
+            if rejected and near and (self.start_sim is None or unbudgeted_j < self.start_sim.energy_j):
                 unfit += rejected
             if not near:  # (the second way moves only what the point holds across t_1: as far; bert/m4/0/2x's both 1.324)
                 break
