@@ -118,28 +118,30 @@ def stage_recompute(inputs: list[list[int]], S_RAM: np.ndarray, M_IN: np.ndarray
     return r
 
 
+def stage_peak(inputs: list[list[int]], nbytes: np.ndarray, R_t: np.ndarray, S_now: np.ndarray, S_next: np.ndarray) -> float:
+    """One stage of :func:`stage_peaks` (``R_t``, ``S_now``, ``S_next``: rows t and t + 1), for callers that
+    change a few stages at a time and price only those."""
+    computed = np.flatnonzero(R_t)
+    last_reader = {}
+    for k in computed:
+        for i in inputs[k]:
+            last_reader[i] = k
+    memory = float(S_now @ nbytes)
+    peak = 0.0
+    for k in computed:
+        memory += nbytes[k]
+        peak = max(peak, memory)
+        memory -= sum(float(nbytes[i]) for i in inputs[k] if last_reader[i] == k and not S_next[i])
+    return peak
+
+
 def stage_peaks(graph: TrainingGraph, R: np.ndarray, S_RAM: np.ndarray) -> np.ndarray:
     """Peak RAM of each stage under the MILP's accounting: what S_RAM holds, plus each computed
     output, minus inputs freed after their last reader in the stage unless kept for the next."""
     T = graph.n_nodes
-    nbytes = graph.output_bytes
     inputs = [sorted(set(node.inputs)) for node in graph.nodes]
-    peaks = np.zeros(T)
-    for t in range(T):
-        keep = S_RAM[t + 1] if t + 1 < T else np.zeros(T, dtype=bool)
-        computed = np.flatnonzero(R[t])
-        last_reader = {}
-        for k in computed:
-            for i in inputs[k]:
-                last_reader[i] = k
-        memory = float(S_RAM[t] @ nbytes)
-        peak = 0.0
-        for k in computed:
-            memory += nbytes[k]
-            peak = max(peak, memory)
-            memory -= sum(float(nbytes[i]) for i in inputs[k] if last_reader[i] == k and not keep[i])
-        peaks[t] = peak
-    return peaks
+    last = np.zeros(T, dtype=bool)
+    return np.array([stage_peak(inputs, graph.output_bytes, R[t], S_RAM[t], S_RAM[t + 1] if t + 1 < T else last) for t in range(T)], dtype=float)
 
 
 def greedy_remat_schedule(

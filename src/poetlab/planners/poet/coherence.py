@@ -35,25 +35,13 @@ import numpy as np
 from poetlab.core.costs import CostModel
 from poetlab.core.graph import TrainingGraph
 from poetlab.core.schedule import Schedule
-from poetlab.planners.heuristics import stage_recompute
+from poetlab.planners.heuristics import stage_peak, stage_recompute
 
 #: a page-in planned at most this many stages after the rerun that needs the tensor is moved before that rerun (the
 #: tensor held in between); a later one stays, and a second page-in serves the rerun
 MOVE_STAGES = 2
 #: at most this many page-ins moved or added (each a few milliseconds on resnet50; 20-30 there)
 MAX_MOVES = 400
-
-
-def _stage_peak(inputs: list[list[int]], nbytes: np.ndarray, R_t: np.ndarray, S_now: np.ndarray, S_next: np.ndarray) -> float:
-    """One stage's peak RAM under the MILP's accounting (:func:`~poetlab.planners.heuristics.stage_peaks`'s rule)."""
-    computed = np.flatnonzero(R_t)
-    last_reader = {i: int(k) for k in computed for i in inputs[k]}
-    memory, peak = float(S_now @ nbytes), 0.0
-    for k in computed:
-        memory += nbytes[k]
-        peak = max(peak, memory)
-        memory -= sum(float(nbytes[i]) for i in inputs[k] if last_reader[i] == k and not S_next[i])
-    return peak
 
 
 class _Seed:
@@ -70,7 +58,7 @@ class _Seed:
     def peak(self, t: int, S_RAM: np.ndarray | None = None, R: np.ndarray | None = None) -> float:
         S_RAM = self.S_RAM if S_RAM is None else S_RAM
         R_t = self.R[t] if R is None else R[t]
-        return _stage_peak(self.inputs, self.nbytes, R_t, S_RAM[t], S_RAM[t + 1] if t + 1 < self.T else np.zeros(self.T, dtype=bool))
+        return stage_peak(self.inputs, self.nbytes, R_t, S_RAM[t], S_RAM[t + 1] if t + 1 < self.T else np.zeros(self.T, dtype=bool))
 
     def refresh(self, stages: range) -> None:
         for t in stages:
