@@ -90,6 +90,8 @@ class _Problem:
     #: with the idle-gap rows (:func:`poetlab.planners.poet.idle_gaps.with_gap_rows`): each gap (tensor, the use
     #: that ends it) -> its first row stage's index, in the order of its ZR and ZP columns (the problem's last)
     gaps: dict[tuple[int, int], int] | None = None
+    #: per row stage, the index of its memory row (the only rows with byte coefficients: what a Lagrangian prices)
+    memory: list[int] | None = None
 
 
 def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_rows: bool = True) -> _Problem | None:
@@ -129,6 +131,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
         tracked[a] = sorted(seen)
         later = seen
     rows = SparseRows()
+    memory: list[int] = []
     out_col = np.arange(T)  # paged out at least once
     n_cols = T
     col_cost = [costs.pageout_energy_j]
@@ -156,7 +159,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
             return [H[a][j], RC[a].get(j, -1), PG[a].get(j, -1)]
 
         X = tracked[a]
-        rows.row([H[a][j] for j in X], b[X], -np.inf, rooms[a])  # stage t's memory at the end of its computation
+        memory.append(rows.row([H[a][j] for j in X], b[X], -np.inf, rooms[a]))  # stage t's memory at the end of its computation
         for j in X:
             if any(t < k <= end for k in graph.consumers[j]):  # read in interval a
                 rows.row(present(j), 1.0, 1.0, np.inf)
@@ -175,6 +178,7 @@ def _build(graph: TrainingGraph, costs: CostModel, options: MilpOptions, kept_ro
         upper=np.concatenate(col_upper), A=rows.matrix(n_cols), row_lower=rows.lower, row_upper=rows.upper,
         runtime=None if options.runtime_budget_factor is None else np.concatenate(col_time),
         slack_s=0.0 if options.runtime_budget_factor is None else (options.runtime_budget_factor - 1.0) * costs.plain_step_runtime_s,
+        memory=memory,
     )
 
 
@@ -321,15 +325,12 @@ class _Result:
         self.status, self.x, self.fun, self.mip_dual_bound = status, x, fun, mip_dual_bound
 
 
-def solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None, floor: float | None = None) -> _Result:
-    """The relaxation by highspy in this process (one thread, as scipy's ``milp`` runs it), from ``x0`` where given,
-    stopped once the dual bound reaches ``target`` (the objective above one plain step) or once a solution is below
-    ``floor`` (likewise). Logs when the root's bound first shows and when the target is reached (NOTE 13's timings)."""
-    import time
-
+def highs_model(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float):
+    """``problem`` with its runtime row as a ``highspy.Highs`` model, silent, one thread, seed 0 (as scipy's ``milp``
+    runs it): :func:`solve_highspy`'s, and the LP whose row duals price a split relaxation
+    (:mod:`poetlab.planners.poet.lagrange`)."""
     import highspy
 
-    started = time.perf_counter()
     n = problem.cost.size
     A = problem.A
     lower, upper = problem.row_lower, problem.row_upper
@@ -349,6 +350,20 @@ def solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_ga
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
     lp.integrality_ = [highspy.HighsVarType.kInteger if integral else highspy.HighsVarType.kContinuous] * n
     h.passModel(lp)
+    return h
+
+
+def solve_highspy(problem: _Problem, integral: bool, time_limit_s: float, mip_gap: float, x0: np.ndarray | None, target: float | None, floor: float | None = None) -> _Result:
+    """The relaxation by highspy in this process (one thread, as scipy's ``milp`` runs it), from ``x0`` where given,
+    stopped once the dual bound reaches ``target`` (the objective above one plain step) or once a solution is below
+    ``floor`` (likewise). Logs when the root's bound first shows and when the target is reached (NOTE 13's timings)."""
+    import time
+
+    import highspy
+
+    started = time.perf_counter()
+    n = problem.cost.size
+    h = highs_model(problem, integral, time_limit_s, mip_gap)
     if x0 is not None:
         h.setSolution(n, np.arange(n, dtype=np.int32), np.asarray(x0, dtype=np.float64))
     seen: dict[str, float] = {}

@@ -29,6 +29,7 @@ from poetlab.planners.poet.chain import chain_plan
 from poetlab.planners.poet.coherence import coherent_schedule
 from poetlab.planners.poet.cpsat import interval_bound_cpsat
 from poetlab.planners.poet.intervals import interval_bound, interval_start
+from poetlab.planners.poet.lagrange import split_bound
 from poetlab.planners.poet.milp import MilpOptions
 from poetlab.planners.poet.primal import cover_restricted
 from poetlab.planners.poet.rebuild_rounds import point_schedule, rounds, worst_stages
@@ -62,6 +63,16 @@ WORST_STAGES, WORST_SHARE, WORST_MAX_S, WORST_MIN_LIMIT_S = 4, 1 / 6, 10.0, 30.0
 #: its bound before the RAM check (resnet50/m4/0/2x 3.1%, resnet50/jetsontx2/0/2x 0.02%); on bert/m4/0/2x it is 14%
 #: above, over RAM at 4 stages, and the repair and the bound at its stages took 6 s of the row's 60 for nothing
 SETTLED_NEAR = 0.05
+#: the split bound (NOTE 34: the interval relaxation split at a cut vertex, priced, in buckets) only with a limit of this
+#: many seconds or more, where the best start is within ``SPLIT_NEAR`` of the bound and the interval relaxation raised the
+#: bound (it is the relaxation's bound that stalls), and at least ``SPLIT_MIN_LEFT_S`` are left; it takes what is left less
+#: ``SPLIT_RESERVE_SHARE`` of the limit (at least ``SPLIT_RESERVE_S``) for the window search that follows. On
+#: resnet18_cifar/m4/0/2x it proves 1.368197-1.368225 in 34-60 s of one thread (NOTE 26, 30, 34): no 60 s limit has
+#: that time beside the schedule's 46-60 s
+SPLIT_MIN_LIMIT_S, SPLIT_NEAR, SPLIT_MIN_LEFT_S, SPLIT_RESERVE_SHARE, SPLIT_RESERVE_S = 120.0, 0.05, 60.0, 0.2, 30.0
+#: and only on a relaxation of at most this many columns (resnet18_cifar/m4/0/2x: 13,130; CP-SAT's limit, resnet50 at its
+#: smallest footprints is over it)
+SPLIT_MAX_COLUMNS = 50_000
 
 
 @dataclass
@@ -349,3 +360,24 @@ class SearchState:
         )
         self.lower_bound = max(self.lower_bound, found.bound_j)
         self.take("CP-SAT", found.schedule)
+
+    def split_bound(self) -> None:
+        """NOTE 34: where the interval relaxation's own bound stalls near the best start (the relaxation raised the bound
+        above the eviction and rebuild bounds, the start within ``SPLIT_NEAR`` of it, uncertified), with a limit of
+        ``SPLIT_MIN_LIMIT_S`` or more, the relaxation split at a cut vertex with its coupling memory rows priced and the
+        part before the cut in buckets (:func:`~poetlab.planners.poet.lagrange.split_bound`, its docstring says why it
+        is valid), each bucket stopped once it certifies the best start; its bound joins the lower bound, so the window
+        search that follows stops at a schedule it certifies."""
+        options, limit_s = self.options, self.time_limit_s
+        share_s = self.left_s() - max(SPLIT_RESERVE_S, SPLIT_RESERVE_SHARE * limit_s)
+        if not (
+            limit_s >= SPLIT_MIN_LIMIT_S and options.remat and not options.charge_pagein and not options.compression and not self.proven()
+            and self.start_sim is not None and self.start_gap() <= SPLIT_NEAR and self.lower_bound > self.evicted_j * (1 + self.mip_gap)
+            and self.left_s() >= SPLIT_MIN_LEFT_S
+        ):
+            return
+        log.info("the best start is %.3f%% above the interval relaxation's bound: the split bound for %.1f s", 100 * self.start_gap(), share_s)
+        found = split_bound(self.graph, self.costs, options, share_s, self.certifying_j(), max_columns=SPLIT_MAX_COLUMNS)
+        if found.bound_j is not None:
+            self.lower_bound = max(self.lower_bound, found.bound_j)
+        log.info("lower bound after the split bound: %.10g J (%.6f x one plain step)", self.lower_bound, self.lower_bound / self.costs.plain_step_energy_j)

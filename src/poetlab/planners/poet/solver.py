@@ -312,6 +312,8 @@ def solve(
     _cpsat_phase(search, searching)
     _second_repair(search, searching, again_s)
     _near_after_far(search, searching, far)
+    if searching:  # the relaxation's bound split at a cut vertex, from a 120 s limit (NOTE 34)
+        search.split_bound()
     model = _window_search(search, searching)
 
     # the same problem again, smaller (the restrictions) or without compression, for a start
