@@ -54,8 +54,9 @@ SAFETY = 1e-6
 TRY_S = 4.0
 #: what each bucket still waiting is left at least when a last-level bucket takes the time left
 LEAF_MIN_S = 2.0
-#: part B (after the cut) gets this share of the phase, at most this many seconds (its root: 0.3-3 s)
-B_SHARE, B_MAX_S = 0.05, 5.0
+#: part B (after the cut) gets this share of the phase, at most this many seconds (its root's bound, what it proves in
+#: minutes too: 0.3-1 s on resnet18_cifar/m4/0/2x, at load 5 about 1 s)
+B_SHARE, B_MAX_S = 0.05, 3.0
 
 
 @dataclass(frozen=True)
@@ -159,40 +160,48 @@ def with_rows(part, rows: tuple) -> object:
 
 def bucket_bound(part, levels: list[tuple[np.ndarray, float]], target: float, deadline: float) -> tuple[float | None, int, bool]:
     """The least proven bound over the buckets of ``part`` by ``levels`` (per level, E's coefficients on the part's
-    columns and its room), each stopped at ``target``: a bucket of an inner level is tried for ``TRY_S`` and split by
-    the next level where the try falls short; the last level's take the time left (``LEAF_MIN_S`` kept for each bucket
-    still waiting). A bucket left when time runs out counts with its parent's bound. Returns (the bound or None, the
-    buckets solved, whether each reached ``target`` or its optimum)."""
+    columns and its room). A bucket is done once its bound reaches the stop: ``target``, or the least value of a point
+    of ``part`` found so far (any bucket's incumbent: A's optimum is at most that, so a bucket proven above it cannot
+    lower the least bound by more than HiGHS's absolute gap). A bucket of an inner level is tried for ``TRY_S`` and
+    split by the next level where the try falls short; the last level's take the time left (``LEAF_MIN_S`` kept for
+    each bucket still waiting). A bucket's bound is the better of its own and its parent's (both bound its points); one
+    that time cuts off counts with its parent's. The least, less ``SAFETY``, is the bound. Returns (the bound or None,
+    the buckets solved, whether each reached the stop or its optimum)."""
     first, room = levels[0]
     pending = deque((((first, lo, hi),), 1, None) for lo, hi in buckets(first, room))
     proven: list[float] = []
-    solved, reached = 0, True
+    solved, reached, least = 0, True, math.inf
     while pending:
         rows, depth, inherited = pending.popleft()
+        stop = min(target, least)
         left = deadline - time.perf_counter()
-        if left <= 0.2:
-            if inherited is None:
-                return None, solved, False
+        if inherited is not None and (inherited >= stop or left <= 0.2):
             proven.append(inherited)
-            reached = False
+            reached = reached and inherited >= stop
             continue
+        if left <= 0.2:
+            return None, solved, False
         inner = depth < len(levels)
         limit = min(TRY_S, left) if inner else max(0.2, left - LEAF_MIN_S * len(pending))
-        result = solve_highspy(with_rows(part, rows), True, limit, 1e-6, None, target)
+        bucket = with_rows(part, rows)
+        result = solve_highspy(bucket, True, limit, 1e-6, None, stop)
         solved += 1
         if result.status == 2:  # (no point in this bucket)
             continue
-        value = None if result.mip_dual_bound is None else result.mip_dual_bound - SAFETY
-        done = result.status == 0 or (value is not None and value >= target - SAFETY)
+        if result.x is not None:
+            least = min(least, float(bucket.cost @ result.x))
+        own = result.mip_dual_bound
+        value = own if inherited is None else inherited if own is None else max(own, inherited)
+        done = result.status == 0 or (value is not None and value >= min(target, least))
         if inner and not done:
             vector, room = levels[depth]
-            pending.extend((rows + ((vector, lo, hi),), depth + 1, value if value is not None else inherited) for lo, hi in buckets(vector, room))
+            pending.extend((rows + ((vector, lo, hi),), depth + 1, value) for lo, hi in buckets(vector, room))
             continue
         if value is None:
             return None, solved, False
         proven.append(value)
         reached = reached and done
-    return (min(proven) if proven else None), solved, reached
+    return (min(proven) - SAFETY if proven else None), solved, reached
 
 
 def split_bound(

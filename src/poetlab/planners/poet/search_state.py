@@ -67,7 +67,7 @@ SETTLED_NEAR = 0.05
 #: many seconds or more, where the best start is within ``SPLIT_NEAR`` of the bound and the interval relaxation raised the
 #: bound (it is the relaxation's bound that stalls), and at least ``SPLIT_MIN_LEFT_S`` are left; it takes what is left less
 #: ``SPLIT_RESERVE_SHARE`` of the limit (at least ``SPLIT_RESERVE_S``) for the window search that follows. On
-#: resnet18_cifar/m4/0/2x it proves 1.368197-1.368225 in 34-60 s of one thread (NOTE 26, 30, 34): no 60 s limit has
+#: resnet18_cifar/m4/0/2x it proves 1.368197-1.368225 in 34-90 s of one thread (NOTE 26, 30, 34): no 60 s limit has
 #: that time beside the schedule's 46-60 s
 SPLIT_MIN_LIMIT_S, SPLIT_NEAR, SPLIT_MIN_LEFT_S, SPLIT_RESERVE_SHARE, SPLIT_RESERVE_S = 120.0, 0.05, 60.0, 0.2, 30.0
 #: and only on a relaxation of at most this many columns (resnet18_cifar/m4/0/2x: 13,130; CP-SAT's limit, resnet50 at its
