@@ -152,12 +152,13 @@ def test_the_worst_stages_are_those_most_bytes_over_the_budget():
 
 
 @pytest.mark.slow
-def test_solve_narrows_resnet50_m4_at_its_smallest_footprint():
-    """Fig. 3's resnet50/m4/0/2x (NOTE 32): at 60 s main ended at 1.129399 plain steps, 3.27% above the tight stages'
-    rebuild bound (1.092435); the settled point that fits and the bound at the stages its NOTE 29 schedule is most over
-    RAM take it to about 1.1033 against 1.0993 (0.37%)."""
+def test_solve_certifies_resnet50_m4_at_its_smallest_footprint():
+    """Fig. 3's resnet50/m4/0/2x (NOTEs 32, 35): at 60 s it ended at 1.129399 plain steps 3.27% above the tight stages'
+    rebuild bound, then at 1.103312 against 1.099257 (0.37%); with the rebuild rows at consecutive stages the bound at
+    the tight and worst stages is 1.103255 and the settled point's schedule, repaired, certifies without a MILP (about
+    15 s on an idle machine)."""
     graph = build_paper_graph("resnet50")
     costs = CostModel.from_flops(graph, load_platform("m4"))
-    result = solve(graph, costs, budget_ladder(graph, costs, [0.0])[0], 2.0, mip_gap=1e-3, threads=1, time_limit_s=60.0)
-    assert result.energy_j / costs.plain_step_energy_j < 1.11
-    assert result.mip_gap < 0.01
+    result = solve(graph, costs, budget_ladder(graph, costs, [0.0])[0], 2.0, mip_gap=1e-3, threads=1, time_limit_s=180.0)
+    assert result.status == "optimal" and result.solver == "bound"
+    assert result.energy_j / costs.plain_step_energy_j < 1.1034

@@ -65,6 +65,43 @@ def test_the_bound_moves_above_the_eviction_bound_where_a_rebuild_needs_its_inpu
     assert evicted * (1 + 1e-3) < max(rebuilt) <= exact.objective / plain * (1 + 1e-7)
 
 
+@pytest.mark.parametrize("graph,platform,fraction", [(residual, "m0", 0.0), (residual, "a72", 0.05), (convnet, "m4", 0.0)], ids=["residual-m0", "residual-a72", "convnet-m4"])
+def test_at_consecutive_stages_the_bound_meets_the_exact_optimum(graph, platform, fraction):
+    """NOTE 35: at consecutive chosen stages a tensor in RAM at stage t and read at t + 1 is held across t or rerun at
+    t + 1 (POET's matrices cannot free it at t and page it in again for t + 1). At every backward stage over budget
+    (all consecutive) the bound then meets the exact optimum on these instances, where without those rows it stopped
+    1-6% below it (residual/m0 at the footprint 1.081142 against 1.092605; convnet/m4 1.963247 against 2.078380)."""
+    exact, evicted, rebuilt, plain = _bounds_and_optimum(graph(), platform, fraction, "poet")
+    assert exact.status == "optimal"
+    optimum = exact.objective / plain
+    assert optimum * (1 - 1e-5) <= rebuilt[1] <= optimum * (1 + 1e-7)
+    assert evicted < optimum * (1 - 1e-3)
+
+
+def test_at_resnet50_m4s_smallest_footprint_a_convolution_paged_in_twice_across_a_stage_of_no_room_is_charged():
+    """Fig. 3's resnet50/m4/0/2x (NOTE 35): the tight stages' point paged layer 1's convolutions in for their
+    batch-norms' reruns at a stage of no room and again, at that stage, for the stage after, which POET's matrices
+    cannot do (the schedules paged the batch-norm instead, 0.0013 plain steps more each). The rows at consecutive stages
+    charge it: the bound rises from 1.092435 to 1.096449 plain steps, and stays below the schedule `solve` certifies."""
+    graph = build_paper_graph("resnet50")
+    costs = CostModel.from_flops(graph, load_platform("m4"))
+    options = MilpOptions(ram_budget_bytes=budget_ladder(graph, costs, [0.0])[0], runtime_budget_factor=2.0)
+    tight = rebuild_bound(graph, costs, options, time_limit_s=20.0, stages=tight_stages)
+    assert tight.optimal
+    plain = costs.plain_step_energy_j
+    assert 1.0960 < tight.bound_j / plain < 1.103260  # (the schedule the 60 s solve certifies, NOTE 35)
+    T = graph.n_nodes
+    block = [int(a) for a in tight.block]
+    for k, (t, following) in enumerate(zip(tight.stages, tight.stages[1:])):
+        if k == 0 or following != t + 1 or tight.stages[k - 1] != t - 1:
+            continue
+        for q, a in enumerate(block):  # (in RAM at t, read by a rerun at t + 1: held across t or rerun itself)
+            read_next = any(c in block and tight.rerun[k, block.index(c)] for c in graph.consumers[a] if c < T)
+            present = tight.held[k - 1, q] or tight.rerun[k - 1, q] or tight.paged[k - 1, q]
+            free = a == t or a in graph.nodes[t].inputs or graph.pinned[a]
+            assert free or not (present and read_next) or tight.held[k, q] or tight.rerun[k, q]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fraction,levers", [(0.1, "poet"), (0.2, "poet"), (0.2, "remat-only"), (0.2, "fixes")])
 def test_on_blocks_of_bert_the_bound_stays_below_the_exact_optimum_and_moves(fraction, levers):

@@ -24,6 +24,14 @@ intervals are disjoint, so each rerun and page-in is charged once per interval i
 cover's x, y (recomputed, paged in at least once) stay for its rows of the other stages, with x <= w + sum r,
 y <= v + sum p, p <= y (one page-out at least). Every schedule maps to a point at no more than its energy and
 runtime, so the minimum is a lower bound, and never below the eviction bound.
+
+Where two chosen stages follow each other (t_k-1 = t_k - 1), what is in RAM at stage t_k is known: a tensor held
+across t_k-1, paged in at t_k-1 or rerun at t_k. Such a tensor read again at stage t_k + 1 (by node t_k + 1, or by a
+rerun there where t_k+1 = t_k + 1 is chosen too) is held across t_k or rerun at t_k + 1: POET's matrices cannot free
+it in stage t_k and page it in again for the next (a tensor kept for the next stage is not freed in this one), which
+interval k's rows alone allow, since a page-in in stage t_k is not in RAM at node t_k. (A page-in with nothing kept
+after it does nothing, so a schedule without such page-ins maps to its point.) On resnet50/m4 at its smallest
+footprint the point paged layer 1's convolutions in that way around its stages of no room (NOTE 35).
 """
 
 from __future__ import annotations
@@ -229,3 +237,26 @@ def _stage_rows(graph: TrainingGraph, rows: SparseRows, k: int, t: int, prev: in
         for i in sorted(set(graph.nodes[a].inputs)):
             if in_block[i] and not free[i]:
                 rows.row([H[k] + pos[i], R[k] + pos[i], P[k] + pos[i], R[k] + q], [1.0, 1.0, 1.0, -1.0], 0.0, np.inf)
+    if prev == t - 1:
+        _adjacent_rows(graph, rows, k, t, end, block, in_block, free, pos, H, R, P)
+
+
+def _adjacent_rows(graph: TrainingGraph, rows: SparseRows, k: int, t: int, end: int, block: np.ndarray, in_block: np.ndarray, free: np.ndarray, pos: np.ndarray, H, R, P) -> None:
+    """Where the stage before t is chosen too, what is in RAM at stage t is known: a block tensor held across t - 1,
+    paged in at t - 1 or rerun at t (h, p, r of interval k - 1). Such a tensor in RAM at stage t and read at stage
+    t + 1 (by node t + 1, or, where t + 1 is chosen too, by a rerun there) is held across t or rerun at t + 1: POET's
+    matrices cannot free it in stage t and page it in again for t + 1 (a tensor kept for the next stage is not freed
+    in this one, NOTE 35), which the rows of interval k alone allow (a page-in there, not counted at node t)."""
+    readers_next = set(graph.nodes[t + 1].inputs) if t + 1 < graph.n_nodes else set()
+    for q, a in enumerate(block):
+        if free[a]:
+            continue
+        present = [H[k - 1] + q, R[k - 1] + q, P[k - 1] + q]
+        kept = [H[k] + q, R[k] + q]
+        if a in readers_next:
+            for z in present:
+                rows.row([z, *kept], [1.0, -1.0, -1.0], -np.inf, 0.0)
+        elif end == t + 1:
+            for c in sorted({int(c) for c in graph.consumers[a] if in_block[c]}):
+                for z in present:
+                    rows.row([z, R[k] + pos[c], *kept], [1.0, 1.0, -1.0, -1.0], -np.inf, 1.0)
