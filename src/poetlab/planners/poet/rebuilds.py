@@ -199,7 +199,11 @@ def rebuild_bound(
     seconds = time.perf_counter() - started
     extra = None if result.status == 2 else proven_extra(result, COVER_GAP)
     bound = trivial if extra is None else trivial * (1.0 + max(0.0, extra))
-    log.info("rebuild bound: %.10g J (%.6f x one plain step; %d stages from %d, %d columns, %.2f s)", bound, bound / trivial, K, t1, n_cols, seconds)
+    point_j = trivial * (1.0 + float(result.fun)) if result.x is not None and result.fun is not None else None
+    log.info(
+        "rebuild bound: %.10g J (%.6f x one plain step; %d stages from %d, %d columns, %.2f s; its point %s)", bound, bound / trivial, K, t1,
+        n_cols, seconds, "none" if point_j is None else f"{point_j / trivial:.6f}",
+    )
     if result.x is None:
         return RebuildBound(bound, tuple(stages), seconds)
     chosen = np.asarray(result.x).round().astype(bool)
@@ -207,7 +211,6 @@ def rebuild_bound(
     per_stage = chosen[H[0] : H[0] + 3 * n * K].reshape(K, 3, n)
     recompute[block] |= chosen[W : W + n] | per_stage[:, 1].any(axis=0)
     held, rerun, paged = per_stage[:, 0], per_stage[:, 1], per_stage[:, 2]
-    point_j = trivial * (1.0 + float(result.fun)) if result.fun is not None else None
     return RebuildBound(bound, tuple(stages), seconds, recompute, chosen[T : 2 * T], block, held, rerun, paged, result.status == 0, point_j)
 
 
