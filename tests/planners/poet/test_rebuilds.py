@@ -179,3 +179,16 @@ def test_at_resnet50s_smallest_footprint_the_tight_stages_leave_no_room_and_rais
     # loaded machine it was 1.003296 (load 6). Nothing else in this solve passes the eviction bound: its default stages
     # prove no more, and the interval relaxation's bound stays below it, NOTE 28.)
     assert result.bound_j > evicted * (1 + 2e-4)
+
+
+def test_without_paging_no_rows_at_consecutive_stages_and_fig4s_remat_only_row_certifies_at_once():
+    """NOTE 35's rows at consecutive stages charge a tensor freed and paged in again: without the paging lever no
+    schedule does that, so the rows are left out (with them the second round's point on Fig. 4's remat-only
+    resnet18_cifar/m4/0.2, at the window point 1.0204x, made a schedule 4 KB over RAM, and the solve found none in
+    60 s; without them its schedule certifies in under 2 s)."""
+    graph = build_paper_graph("resnet18_cifar")
+    costs = CostModel.from_flops(graph, load_platform("m4"))
+    budget = budget_ladder(graph, costs, [0.2])[0]
+    result = solve(graph, costs, budget, 1.0204, paging=False, mip_gap=1e-3, threads=1, time_limit_s=60.0)
+    assert result.status == "optimal" and result.energy_j is not None
+    assert result.schedule is not None and simulate(result.schedule, graph, costs).peak_ram_bytes <= budget
