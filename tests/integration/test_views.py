@@ -146,7 +146,7 @@ def test_nanogpts_q_k_and_v_are_paged_and_recomputed_with_their_projection(which
         assert result.n_pageouts + result.n_recomputes > 0
 
 
-@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("fuse", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "fused"])  # (plain: 20 s, slow)
 def test_poet_at_a_tight_budget_trains_as_plain_autograd_within_it(fuse):
     module, inputs, targets, graph, costs = _case(fuse)
     for budget in budget_ladder(graph, costs, (0.1, 0.3, 0.5, 0.7, 0.9)):

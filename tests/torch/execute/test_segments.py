@@ -22,7 +22,7 @@ from execute_cases import traced, grads_of, check_step, full_peak
 pytestmark = pytest.mark.usefixtures("deterministic_torch")
 
 
-@pytest.mark.parametrize("name, fuse", [("mobilenet", True), ("bert", False)])
+@pytest.mark.parametrize("name, fuse", [pytest.param("mobilenet", True, marks=pytest.mark.slow), ("bert", False)])  # (mobilenet: 18 s, slow)
 def test_last_frees_left_to_autograd_keep_gradients_and_memory(name, fuse, monkeypatch):
     """From the second step on, a node the step has no more use for (its own rerun, or a rerun that reads
     it, was the last) is handed over to autograd, and its last free is only counted (handovers_of): the
