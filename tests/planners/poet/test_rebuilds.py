@@ -16,6 +16,7 @@ from poetlab.planners.poet.rebuilds import REBUILD_STEP, TIGHT_STAGES, default_s
 from poetlab.planners.poet.solver import solve
 
 from small_graphs import convnet, residual, tiny_bert
+from solve_checks import grid_instance
 
 LEVERS = {"poet": {}, "remat-only": {"paging": False}, "paging-only": {"remat": False}, "fixes": {"count_paging_time": True, "charge_pagein": True}}
 
@@ -83,9 +84,7 @@ def test_at_resnet50_m4s_smallest_footprint_a_convolution_paged_in_twice_across_
     batch-norms' reruns at a stage of no room and again, at that stage, for the stage after, which POET's matrices
     cannot do (the schedules paged the batch-norm instead, 0.0013 plain steps more each). The rows at consecutive stages
     charge it: the bound rises from 1.092435 to 1.096449 plain steps, and stays below the schedule `solve` certifies."""
-    graph = build_paper_graph("resnet50")
-    costs = CostModel.from_flops(graph, load_platform("m4"))
-    options = MilpOptions(ram_budget_bytes=budget_ladder(graph, costs, [0.0])[0], runtime_budget_factor=2.0)
+    graph, costs, options, _, _ = grid_instance("resnet50", "m4", 0.0, 2.0)
     tight = rebuild_bound(graph, costs, options, time_limit_s=20.0, stages=tight_stages)
     assert tight.optimal
     plain = costs.plain_step_energy_j
